@@ -1,0 +1,67 @@
+# GMEM top-level Makefile. See README.md.
+#   make              kernel (cached) + modules + userspace + initramfs, std flavour
+#   make run          boot the guest, load gmem + gmem_sim, run the demo
+#   make check        host cargo tests + guest KUnit + guest integration tests (std flavour)
+#   make check-debug  the same on the debug flavour (KASAN, lockdep, kmemleak, DEBUG_VM)
+#   make bench        benchmarks (std flavour), results under bench/results/
+#   make kernel       only the kernel (FLAVOUR=std|debug)
+#   make clean        remove build/ and target/ (the kernel cache in ~/.cache/gmem stays)
+SHELL := /bin/bash
+FLAVOUR ?= std
+B := build/$(FLAVOUR)
+MUSL := x86_64-unknown-linux-musl
+CARGO_HOME ?= $(HOME)/.cargo
+export PATH := $(CARGO_HOME)/bin:$(PATH)
+export LIBCLANG_PATH ?= /usr/lib/llvm-19/lib
+GUEST_TIMEOUT_std := 600
+GUEST_TIMEOUT_debug := 1800
+SUITES := gmem_layout gmem_registry
+USER_BINS := gmem-tests
+
+.PHONY: all deps kernel modules user initramfs run check check-debug host-test clean FORCE
+
+all: initramfs
+
+deps:
+	@bash scripts/deps.sh
+
+kernel: deps
+	@mkdir -p $(B)
+	@bash scripts/build-kernel.sh $(FLAVOUR) > $(B)/kdir.tmp && mv $(B)/kdir.tmp $(B)/kdir
+
+modules: kernel
+	@echo "[modules] gmem.ko + gmem_sim.ko ($(FLAVOUR)) against $$(cat $(B)/kdir)"
+	@mkdir -p $(B)/modules $(B)/ko
+	@$(MAKE) -s -C "$$(cat $(B)/kdir)" M=$(CURDIR) MO=$(CURDIR)/$(B)/modules LLVM=-19 modules
+	@cp $(B)/modules/gmem/gmem.ko $(B)/modules/drivers/gmem_sim.ko $(B)/ko/
+	@if [ -f "$$(cat $(B)/kdir)/lib/test_hmm.ko" ]; then cp "$$(cat $(B)/kdir)/lib/test_hmm.ko" $(B)/ko/; fi
+
+user: deps
+	@echo "[user] static musl test programs"
+	@cargo build -q --release --target $(MUSL) $(addprefix -p ,$(USER_BINS))
+	@mkdir -p $(B)/bin && cp $(addprefix target/$(MUSL)/release/,$(USER_BINS)) $(B)/bin/
+
+initramfs: modules user
+	@bash scripts/mkinitramfs.sh "$$(cat $(B)/kdir)" $(B)/initramfs.cpio.gz $(B)/ko $(B)/bin
+	@echo "[initramfs] $(B)/initramfs.cpio.gz"
+
+host-test: deps
+	@mkdir -p $(B)
+	@echo "[host] cargo test (pure policy code, libgmem)"
+	@set -o pipefail; cargo test --workspace 2>&1 | tee $(B)/cargo-test.log | grep -E '^test result|FAILED|panicked|error' || true
+
+run: initramfs
+	@bash scripts/run-guest.sh "$$(cat $(B)/kdir)" $(B)/initramfs.cpio.gz run $(B)/console-run.log $(GUEST_TIMEOUT_$(FLAVOUR))
+	@python3 scripts/judge.py --console $(B)/console-run.log > $(B)/judge-run.txt || { cat $(B)/judge-run.txt; exit 1; }
+
+check: host-test initramfs
+	@bash scripts/run-guest.sh "$$(cat $(B)/kdir)" $(B)/initramfs.cpio.gz check $(B)/console-check.log $(GUEST_TIMEOUT_$(FLAVOUR)) > /dev/null
+	@echo "[check] $(FLAVOUR) results (console log: $(B)/console-check.log)"
+	@python3 scripts/judge.py --console $(B)/console-check.log --cargo $(B)/cargo-test.log \
+		$(addprefix --expect-suite ,$(SUITES)) --summary-out $(B)/summary
+
+check-debug:
+	@$(MAKE) --no-print-directory FLAVOUR=debug check
+
+clean:
+	rm -rf build target

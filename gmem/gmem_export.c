@@ -1,0 +1,53 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * C side of gmem.ko: exports the Rust core's C-ABI functions (include/linux/gmem.h) to other
+ * modules, and records the C layout of the kernel and ABI structs the Rust code relies on,
+ * so that gmem/layout.rs can compare it with bindgen's view at load time.
+ * This file has no module_init: the module's entry points are in gmem_main.rs.
+ */
+#include <linux/export.h>
+#include <linux/fs.h>
+#include <linux/mm.h>
+#include <linux/mm_types.h>
+#include <linux/sched.h>
+#include <linux/gmem.h>
+
+EXPORT_SYMBOL_GPL(gmem_dev_register);
+EXPORT_SYMBOL_GPL(gmem_dev_unregister);
+EXPORT_SYMBOL_GPL(gmem_dev_id);
+EXPORT_SYMBOL_GPL(gmem_space_get_current);
+EXPORT_SYMBOL_GPL(gmem_space_put);
+EXPORT_SYMBOL_GPL(gmem_dev_fault);
+
+/* Kernel structs, in the order of KERNEL_LAYOUT in gmem/layout.rs. */
+const unsigned long gmem_c_kernel_layout[] = {
+	sizeof(struct task_struct),
+	offsetof(struct task_struct, mm),
+	sizeof(struct mm_struct),
+	sizeof(struct vm_area_struct),
+	offsetof(struct vm_area_struct, vm_mm),
+	offsetof(struct vm_area_struct, vm_ops),
+	offsetof(struct vm_area_struct, vm_private_data),
+	offsetof(struct vm_area_struct, vm_file),
+	sizeof(struct vm_operations_struct),
+	offsetof(struct vm_operations_struct, fault),
+	offsetof(struct vm_operations_struct, close),
+	sizeof(struct vm_fault),
+	offsetof(struct vm_fault, page),
+	offsetof(struct file, private_data),
+};
+const unsigned long gmem_c_kernel_layout_len = ARRAY_SIZE(gmem_c_kernel_layout);
+
+/* GMEM driver ABI, in the order of ABI_LAYOUT in include/rust/gmem_abi.rs. */
+const unsigned long gmem_c_abi_layout[] = {
+	sizeof(struct gmem_pte),
+	offsetof(struct gmem_pte, prot),
+	sizeof(struct gmem_copy),
+	offsetof(struct gmem_copy, peer_frame),
+	sizeof(struct gmem_dev_ops),
+	offsetof(struct gmem_dev_ops, copy),
+	offsetof(struct gmem_dev_ops, frame_page),
+	sizeof(struct gmem_dev_props),
+	offsetof(struct gmem_dev_props, drv),
+};
+const unsigned long gmem_c_abi_layout_len = ARRAY_SIZE(gmem_c_abi_layout);

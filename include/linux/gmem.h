@@ -1,0 +1,106 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * GMEM driver API: how an accelerator driver plugs into gmem.ko.
+ *
+ * A driver registers a device with a table of callbacks (struct gmem_dev_ops) and the size of
+ * its memory pool in 4 KiB frames. The core owns placement: it allocates frames, decides what
+ * moves where, and drives the driver's page table and copy engine through the callbacks.
+ * The driver reports device page faults in batches with gmem_dev_fault().
+ *
+ * Contract of every callback: it may sleep, it is never called with a spinlock held, and it
+ * must not call back into gmem (no gmem_dev_fault() from inside a callback).
+ * See Documentation/driver-api.rst.
+ */
+#ifndef _LINUX_GMEM_H
+#define _LINUX_GMEM_H
+
+#include <linux/types.h>
+
+#define GMEM_DRIVER_ABI_VERSION 1
+
+struct page;
+struct gmem_dev;	/* a registered device (opaque, owned by gmem.ko) */
+struct gmem_space;	/* one process's GMEM address space (opaque, refcounted) */
+
+/* Access kind of a device fault. */
+#define GMEM_ACCESS_READ	1u
+#define GMEM_ACCESS_WRITE	2u
+
+/* Protection of a device PTE. */
+#define GMEM_PROT_READ		1u
+#define GMEM_PROT_WRITE		2u
+
+/*
+ * One device page-table entry to install. If @host is non-NULL the device maps that host page
+ * remotely (over the link, no migration) and @frame is ignored; otherwise @frame is a frame
+ * index of this device's pool.
+ */
+struct gmem_pte {
+	__u64 va;
+	__u64 frame;
+	struct page *host;
+	__u32 prot;
+	__u32 __pad;
+};
+
+/* Copy directions. */
+#define GMEM_COPY_H2D		0u	/* host page -> frame */
+#define GMEM_COPY_D2H		1u	/* frame -> host page */
+#define GMEM_COPY_D2D		2u	/* frame -> peer_frame on the peer device */
+
+struct gmem_copy {
+	struct page *host;	/* H2D source / D2H destination */
+	__u64 frame;		/* this device's frame */
+	__u64 peer_frame;	/* D2D destination frame on the peer device */
+};
+
+struct gmem_dev_ops {
+	/* Create/destroy the device page table ("context") of one address space. */
+	int (*ctx_create)(void *drv, void **ctx);
+	void (*ctx_destroy)(void *drv, void *ctx);
+	/* Install @n PTEs in @ctx. Must not fail for valid input except with -ENOMEM. */
+	int (*map)(void *drv, void *ctx, const struct gmem_pte *ptes, __u32 n);
+	/* Remove the PTEs of [va, va + npages * 4K) in @ctx; unmapped pages are ignored. */
+	void (*unmap)(void *drv, void *ctx, __u64 va, __u64 npages);
+	/* Make earlier unmaps visible to the device (flush its TLBs). */
+	void (*tlb_invalidate)(void *drv, void *ctx, __u64 va, __u64 npages);
+	/* Copy @n pages in direction @dir; @peer_drv is the peer's drv for D2D. Synchronous. */
+	int (*copy)(void *drv, __u32 dir, const struct gmem_copy *c, __u32 n, void *peer_drv);
+	/* Optional: the host-visible page behind a frame, for CPU remote mapping (NULL: none). */
+	struct page *(*frame_page)(void *drv, __u64 frame);
+};
+
+struct gmem_dev_props {
+	__u32 size;		/* sizeof(struct gmem_dev_props) */
+	__u32 abi_version;	/* GMEM_DRIVER_ABI_VERSION */
+	const char *name;
+	__u64 nr_frames;	/* capacity of the device memory pool, 4 KiB frames */
+	void *drv;		/* passed back as first argument of every callback */
+};
+
+/* Returns the device or an ERR_PTR(). Every op except frame_page is mandatory. */
+struct gmem_dev *gmem_dev_register(const struct gmem_dev_ops *ops,
+				   const struct gmem_dev_props *props);
+/*
+ * Evacuates every page resident on the device to host memory, destroys every context,
+ * then forgets the device. No callback is made after it returns.
+ */
+void gmem_dev_unregister(struct gmem_dev *dev);
+/* Small integer id of the device (as used in the user API), >= 0. */
+int gmem_dev_id(const struct gmem_dev *dev);
+
+/* The GMEM space of the calling process, with a reference; ERR_PTR(-ENOENT) if none. */
+struct gmem_space *gmem_space_get_current(void);
+void gmem_space_put(struct gmem_space *space);
+
+/*
+ * Service a batch of device faults of @dev in @space: @n page addresses (any order,
+ * duplicates allowed) with the access kind @access. On return 0, every address is mapped in
+ * the device's context for @space with at least the access asked for.
+ * -EFAULT: an address is not in a GMEM region (the device must fail the kernel);
+ * -ENOMEM: neither device nor host memory could be found.
+ */
+int gmem_dev_fault(struct gmem_dev *dev, struct gmem_space *space,
+		   const __u64 *addrs, __u32 n, __u32 access);
+
+#endif /* _LINUX_GMEM_H */

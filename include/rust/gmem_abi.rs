@@ -1,0 +1,96 @@
+// SPDX-License-Identifier: GPL-2.0
+//! Rust mirror of `include/linux/gmem.h`, the C driver ABI of gmem.ko.
+//!
+//! Shared (by `#[path]`) by gmem.ko and the Rust drivers. gmem.ko checks at load time that
+//! every size and offset here equals the C compiler's (see `gmem/layout.rs`).
+#![allow(dead_code, unreachable_pub)]
+
+use kernel::bindings;
+use kernel::ffi::{c_char, c_int, c_void};
+
+pub const GMEM_DRIVER_ABI_VERSION: u32 = 1;
+pub const GMEM_ACCESS_READ: u32 = 1;
+pub const GMEM_ACCESS_WRITE: u32 = 2;
+pub const GMEM_PROT_READ: u32 = 1;
+pub const GMEM_PROT_WRITE: u32 = 2;
+pub const GMEM_COPY_H2D: u32 = 0;
+pub const GMEM_COPY_D2H: u32 = 1;
+pub const GMEM_COPY_D2D: u32 = 2;
+
+/// Opaque handle of a registered device (really `gmem::registry::Device`).
+#[repr(C)]
+pub struct GmemDevHandle {
+    _private: [u8; 0],
+}
+
+/// Opaque handle of an address space (really `gmem::space::Space`).
+#[repr(C)]
+pub struct GmemSpaceHandle {
+    _private: [u8; 0],
+}
+
+/// `struct gmem_pte`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct GmemPte {
+    pub va: u64,
+    pub frame: u64,
+    pub host: *mut bindings::page,
+    pub prot: u32,
+    pub pad: u32,
+}
+
+/// `struct gmem_copy`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct GmemCopy {
+    pub host: *mut bindings::page,
+    pub frame: u64,
+    pub peer_frame: u64,
+}
+
+/// `struct gmem_dev_ops`.
+#[repr(C)]
+pub struct GmemDevOps {
+    pub ctx_create: Option<unsafe extern "C" fn(drv: *mut c_void, ctx: *mut *mut c_void) -> c_int>,
+    pub ctx_destroy: Option<unsafe extern "C" fn(drv: *mut c_void, ctx: *mut c_void)>,
+    pub map: Option<
+        unsafe extern "C" fn(drv: *mut c_void, ctx: *mut c_void, ptes: *const GmemPte, n: u32) -> c_int,
+    >,
+    pub unmap: Option<unsafe extern "C" fn(drv: *mut c_void, ctx: *mut c_void, va: u64, npages: u64)>,
+    pub tlb_invalidate:
+        Option<unsafe extern "C" fn(drv: *mut c_void, ctx: *mut c_void, va: u64, npages: u64)>,
+    pub copy: Option<
+        unsafe extern "C" fn(
+            drv: *mut c_void,
+            dir: u32,
+            c: *const GmemCopy,
+            n: u32,
+            peer_drv: *mut c_void,
+        ) -> c_int,
+    >,
+    pub frame_page: Option<unsafe extern "C" fn(drv: *mut c_void, frame: u64) -> *mut bindings::page>,
+}
+
+/// `struct gmem_dev_props`.
+#[repr(C)]
+pub struct GmemDevProps {
+    pub size: u32,
+    pub abi_version: u32,
+    pub name: *const c_char,
+    pub nr_frames: u64,
+    pub drv: *mut c_void,
+}
+
+/// Sizes and offsets of the structs above, in the order `gmem_c_layout[]` lists them.
+pub const ABI_LAYOUT: [usize; 9] = [
+    core::mem::size_of::<GmemPte>(),
+    core::mem::offset_of!(GmemPte, prot),
+    core::mem::size_of::<GmemCopy>(),
+    core::mem::offset_of!(GmemCopy, peer_frame),
+    core::mem::size_of::<GmemDevOps>(),
+    core::mem::offset_of!(GmemDevOps, copy),
+    core::mem::offset_of!(GmemDevOps, frame_page),
+    core::mem::size_of::<GmemDevProps>(),
+    core::mem::offset_of!(GmemDevProps, drv),
+];

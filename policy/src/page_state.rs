@@ -1,0 +1,814 @@
+// SPDX-License-Identifier: GPL-2.0
+//! Per-page residency state machine of GMEM.
+//!
+//! Each GMEM page has one [`PageState`] (32 bits). [`transition`] maps a state and an
+//! [`Event`] to the next state plus the [`Actions`] the kernel glue must perform, in the
+//! order of the fields of [`Actions`]. The function is pure: on `Err` nothing changes, and on
+//! `Ok` the glue either performs every action or (if an allocation in step 1/2 fails) none
+//! and keeps the old state. Allocations come first for exactly that reason.
+//!
+//! Invariants kept by every transition (property-tested in `tests/page_state_model.rs`):
+//! - Exactly one authoritative copy: `Loc::None` (the page reads zeros, nothing is
+//!   allocated), `Loc::Host` (the host page) or `Loc::Device(o)` (the frame of the single
+//!   owner `o`). Data is never lost except by `DontNeed`/`Free`, which ask for it.
+//! - On `Loc::Host` the page is clean (`!dirty`), `host_valid`, never pinned; only there
+//!   can devices map it remotely (`remote_mask`).
+//! - On `Loc::Device(o)` the CPU does not map the page, `dirty` is set and the host page has
+//!   been released (`!host_valid`): migration to a device frees the host page.
+//! - `pinned` implies `Loc::Device`; a pinned page leaves its device only through
+//!   `DeviceGone` of that device or `Free` (`Unpin` first otherwise).
+//! - Duplicates (`dup_mask`, READ_MOSTLY) are read-only copies of the current data on
+//!   devices other than the owner. While any exist, every mapping of the page is read-only:
+//!   creating the first duplicate revokes the CPU mapping, the remote mappings and the
+//!   owner's device mapping, and any write fault drops all duplicates first. Consequently
+//!   the glue, when it performs `map_cpu`, must map the host page writable only if the fault
+//!   was a write or the new state has `dup_mask() == 0`.
+//! - A device is never both a duplicate holder and a remote mapper.
+//!
+//! Packing (the raw bits are private; `query_word` is the user-visible encoding): bits
+//! 30-31 are the location tag (0 none, 1 host, 2 device). Device layout: bits 0-15 dup
+//! mask, 16-19 owner, 20 pinned, 21 dirty, 22 host_valid. Host layout: bits 0-25 hold one
+//! base-3 digit per device (0 nothing, 1 duplicate, 2 remote mapping; 3^16 < 2^26), which is
+//! how 16 devices' duplicate *and* remote masks fit in 32 bits, and bit 26 is cpu_mapped.
+//! `Loc::None` is all zeros.
+#![allow(dead_code, unreachable_pub)]
+
+/// Maximum number of devices; device ids are `0..MAX_DEVICES`.
+pub const MAX_DEVICES: usize = 16;
+
+const TAG_SHIFT: u32 = 30;
+const TAG_HOST: u32 = 1;
+const TAG_DEV: u32 = 2;
+// Host layout.
+const H_TRITS: u32 = (1 << 26) - 1;
+const H_CPU_MAPPED: u32 = 1 << 26;
+// Device layout.
+const D_DUP: u32 = 0xffff;
+const D_OWNER_SHIFT: u32 = 16;
+const D_PINNED: u32 = 1 << 20;
+const D_DIRTY: u32 = 1 << 21;
+const D_HOST_VALID: u32 = 1 << 22;
+
+/// User-visible query word bits (`GMEM_Q_*` in `include/uapi/linux/gmem.h`).
+pub const Q_LOC_NONE: u32 = 0;
+/// Location field value: host.
+pub const Q_LOC_HOST: u32 = 1;
+/// Location field value: device (owner id in bits 8-15).
+pub const Q_LOC_DEVICE: u32 = 2;
+/// `GMEM_Q_PINNED`.
+pub const Q_PINNED: u32 = 1 << 16;
+/// `GMEM_Q_DIRTY`.
+pub const Q_DIRTY: u32 = 1 << 17;
+/// `GMEM_Q_DUP`.
+pub const Q_DUP: u32 = 1 << 18;
+/// `GMEM_Q_REMOTE`.
+pub const Q_REMOTE: u32 = 1 << 19;
+/// `GMEM_Q_CPU_MAPPED`.
+pub const Q_CPU_MAPPED: u32 = 1 << 20;
+
+/// Packed per-page state, 32 bits (layout in the module documentation).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct PageState(u32);
+
+/// Where the authoritative copy of a page lives.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Loc {
+    /// Never populated or discarded: reads zeros, nothing allocated.
+    None,
+    /// The host page.
+    Host,
+    /// A frame of this owner device.
+    Device(u8),
+}
+
+/// Destination of a prefetch.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Target {
+    /// Host memory.
+    Host,
+    /// A device's memory.
+    Device(u8),
+}
+
+/// Something that happens to one page.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Event {
+    /// CPU page fault.
+    CpuFault { write: bool },
+    /// Device page fault with the advice in force for the page and device.
+    DevFault { dev: u8, write: bool, read_mostly: bool, accessed_by: bool },
+    /// Move the data without mapping it anywhere.
+    Prefetch { to: Target },
+    /// Migrate to `dev` (if not there) and pin.
+    Pin { dev: u8 },
+    /// Clear the pin.
+    Unpin,
+    /// Discard the data everywhere (refused while pinned).
+    DontNeed,
+    /// Owner device -> host (refused if pinned).
+    Evict,
+    /// The device is unregistering: it must hold nothing of the page afterwards.
+    DeviceGone { dev: u8 },
+    /// The region is freed: release everything.
+    Free,
+}
+
+/// Data movement or zero fill into the newly allocated place (step 3).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub enum Copy {
+    /// Nothing to move.
+    #[default]
+    None,
+    /// Zero the host page.
+    ZeroHost,
+    /// Zero the new frame on this device.
+    ZeroDev(u8),
+    /// Host page -> new frame on this device.
+    H2D(u8),
+    /// Frame of this (owner) device -> host page.
+    D2H(u8),
+    /// Owner's frame on `from` -> new frame on `to`.
+    D2D { from: u8, to: u8 },
+}
+
+/// One device page-table entry to install (step 8).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct DevMap {
+    /// Device whose page table gets the entry.
+    pub dev: u8,
+    /// Map writable.
+    pub writable: bool,
+    /// Map the host page remotely instead of the device's own frame.
+    pub remote_host: bool,
+}
+
+/// What the kernel glue must do, performed in field order.
+///
+/// If `alloc_frame == Some(d)` while `d` is also in `free_dup_frames` (a duplicate holder
+/// becomes the owner), the new frame is distinct from `d`'s duplicate frame, which is
+/// released in step 6b. A newly allocated frame becomes the owner frame if the new state is
+/// `Loc::Device(d)`, else `d`'s duplicate frame.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct Actions {
+    /// 1. Allocate a host page (if none exists).
+    pub alloc_host: bool,
+    /// 2. Allocate a frame on this device.
+    pub alloc_frame: Option<u8>,
+    /// 3. Data movement / zero fill into the new place.
+    pub copy: Copy,
+    /// 4. Revoke the CPU mapping.
+    pub zap_cpu: bool,
+    /// 5. Device page-table entries to remove (mask of devices).
+    pub unmap_dev: u16,
+    /// 6. Release the frame of the device that owned the page before.
+    pub free_frame: Option<u8>,
+    /// 6b. Release duplicate frames on these devices.
+    pub free_dup_frames: u16,
+    /// 7. Release the host page.
+    pub free_host: bool,
+    /// 8. Install a device PTE.
+    pub map_dev: Option<DevMap>,
+    /// 9. The CPU fault handler inserts the host page (only for `CpuFault`); writable only if
+    ///    the fault was a write or the new state has no duplicates.
+    pub map_cpu: bool,
+}
+
+/// Why a transition was refused (the state is unchanged).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Refused {
+    /// Device id `>= MAX_DEVICES`.
+    BadDevice,
+    /// The page is pinned on its device and the event would move or discard it (for a CPU
+    /// fault the glue may map the device frame for the CPU instead).
+    Pinned,
+    /// The page is pinned on another device.
+    PinnedElsewhere,
+}
+
+/// Unpacked view of a state; the transition logic works on this.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct Fields {
+    loc: Loc,
+    pinned: bool,
+    dirty: bool,
+    host_valid: bool,
+    cpu_mapped: bool,
+    dup: u16,
+    remote: u16,
+}
+
+impl Fields {
+    const NONE: Fields = Fields {
+        loc: Loc::None,
+        pinned: false,
+        dirty: false,
+        host_valid: false,
+        cpu_mapped: false,
+        dup: 0,
+        remote: 0,
+    };
+    /// The authoritative copy is the (clean) host page.
+    const HOST: Fields = Fields { loc: Loc::Host, host_valid: true, ..Fields::NONE };
+
+    /// The authoritative copy is a new frame on `d`; the host copy is gone.
+    const fn device(d: u8) -> Fields {
+        Fields { loc: Loc::Device(d), dirty: true, ..Fields::NONE }
+    }
+
+    /// Packs into the layout described in the module documentation. Normalises: fields that
+    /// cannot exist at a location are dropped.
+    fn pack(self) -> PageState {
+        match self.loc {
+            Loc::None => PageState::EMPTY,
+            Loc::Host => {
+                // One base-3 digit per device, device 0 least significant. The value is at
+                // most 3^16 - 1, so neither the multiplication nor the addition overflows.
+                let mut t: u32 = 0;
+                let mut i = MAX_DEVICES;
+                while i > 0 {
+                    i -= 1;
+                    let b = 1u16 << i;
+                    let digit = if self.dup & b != 0 {
+                        1
+                    } else if self.remote & b != 0 {
+                        2
+                    } else {
+                        0
+                    };
+                    t = t * 3 + digit;
+                }
+                let cpu = if self.cpu_mapped { H_CPU_MAPPED } else { 0 };
+                PageState((TAG_HOST << TAG_SHIFT) | t | cpu)
+            }
+            Loc::Device(o) => {
+                let o = o & 0xf;
+                let mut v = (TAG_DEV << TAG_SHIFT) | (u32::from(o) << D_OWNER_SHIFT);
+                v |= u32::from(self.dup & !bit(o));
+                v |= if self.pinned { D_PINNED } else { 0 };
+                v |= if self.dirty { D_DIRTY } else { 0 };
+                v |= if self.host_valid { D_HOST_VALID } else { 0 };
+                PageState(v)
+            }
+        }
+    }
+}
+
+/// Mask bit of device `d` (0 for an invalid id, which callers have rejected already).
+fn bit(d: u8) -> u16 {
+    1u16.checked_shl(u32::from(d)).unwrap_or(0)
+}
+
+impl PageState {
+    /// Never populated.
+    pub const EMPTY: PageState = PageState(0);
+
+    /// Rebuilds a state from [`PageState::bits`]. Any value is accepted (an unknown location
+    /// tag reads as `Loc::None`); no accessor panics.
+    pub const fn from_bits(b: u32) -> PageState {
+        PageState(b)
+    }
+
+    /// The raw packed bits (for storage, e.g. in an array of `u32`).
+    pub const fn bits(self) -> u32 {
+        self.0
+    }
+
+    fn unpack(self) -> Fields {
+        let v = self.0;
+        match v >> TAG_SHIFT {
+            TAG_HOST => {
+                let (mut dup, mut remote) = (0u16, 0u16);
+                let mut t = v & H_TRITS;
+                for i in 0..MAX_DEVICES {
+                    match t % 3 {
+                        1 => dup |= 1 << i,
+                        2 => remote |= 1 << i,
+                        _ => {}
+                    }
+                    t /= 3;
+                }
+                Fields { cpu_mapped: v & H_CPU_MAPPED != 0, dup, remote, ..Fields::HOST }
+            }
+            TAG_DEV => {
+                // The mask keeps the owner below 16, so the cast is lossless.
+                let o = ((v >> D_OWNER_SHIFT) & 0xf) as u8;
+                Fields {
+                    loc: Loc::Device(o),
+                    pinned: v & D_PINNED != 0,
+                    dirty: v & D_DIRTY != 0,
+                    host_valid: v & D_HOST_VALID != 0,
+                    cpu_mapped: false,
+                    dup: (v & D_DUP) as u16 & !bit(o),
+                    remote: 0,
+                }
+            }
+            _ => Fields::NONE,
+        }
+    }
+
+    /// Where the authoritative copy lives.
+    pub fn loc(self) -> Loc {
+        self.unpack().loc
+    }
+    /// Never evicted from its device.
+    pub fn pinned(self) -> bool {
+        self.unpack().pinned
+    }
+    /// The owner device's copy is newer than any host copy.
+    pub fn dirty(self) -> bool {
+        self.unpack().dirty
+    }
+    /// A host page exists and holds the current data.
+    pub fn host_valid(self) -> bool {
+        self.unpack().host_valid
+    }
+    /// The CPU page table maps the host page.
+    pub fn cpu_mapped(self) -> bool {
+        self.unpack().cpu_mapped
+    }
+    /// Devices holding read-only duplicates (READ_MOSTLY).
+    pub fn dup_mask(self) -> u16 {
+        self.unpack().dup
+    }
+    /// Devices mapping the host page remotely (ACCESSED_BY).
+    pub fn remote_mask(self) -> u16 {
+        self.unpack().remote
+    }
+
+    /// The user-visible `GMEM_IOC_QUERY` word.
+    pub fn query_word(self) -> u32 {
+        let f = self.unpack();
+        let mut w = match f.loc {
+            Loc::None => Q_LOC_NONE,
+            Loc::Host => Q_LOC_HOST,
+            Loc::Device(o) => Q_LOC_DEVICE | (u32::from(o) << 8),
+        };
+        let flags = [
+            (f.pinned, Q_PINNED),
+            (f.dirty, Q_DIRTY),
+            (f.dup != 0, Q_DUP),
+            (f.remote != 0, Q_REMOTE),
+            (f.cpu_mapped, Q_CPU_MAPPED),
+        ];
+        for (set, q) in flags {
+            if set {
+                w |= q;
+            }
+        }
+        w
+    }
+}
+
+fn check_dev(d: u8) -> Result<(), Refused> {
+    if usize::from(d) < MAX_DEVICES {
+        Ok(())
+    } else {
+        Err(Refused::BadDevice)
+    }
+}
+
+/// Drops every duplicate (a write is coming).
+fn collapse(f: &mut Fields, a: &mut Actions) {
+    a.unmap_dev |= f.dup;
+    a.free_dup_frames |= f.dup;
+    f.dup = 0;
+}
+
+/// `Device(o)` -> `Host`: copy back, drop the owner frame and the duplicates. The CPU is not
+/// mapped afterwards; the pin is gone.
+fn dev_to_host(f: Fields, o: u8, a: &mut Actions) -> Fields {
+    a.alloc_host = true;
+    a.copy = Copy::D2H(o);
+    a.unmap_dev |= bit(o) | f.dup;
+    a.free_frame = Some(o);
+    a.free_dup_frames |= f.dup;
+    Fields::HOST
+}
+
+/// `Host` -> `Device(d)`: copy, revoke every mapping of the host page, free it.
+fn host_to_dev(f: Fields, d: u8, a: &mut Actions) -> Fields {
+    a.alloc_frame = Some(d);
+    a.copy = Copy::H2D(d);
+    a.zap_cpu = f.cpu_mapped;
+    a.unmap_dev |= f.dup | f.remote;
+    a.free_dup_frames |= f.dup;
+    a.free_host = true;
+    Fields::device(d)
+}
+
+/// `Device(o)` -> `Device(d)`, `d != o`.
+fn dev_to_dev(f: Fields, o: u8, d: u8, a: &mut Actions) -> Fields {
+    a.alloc_frame = Some(d);
+    a.copy = Copy::D2D { from: o, to: d };
+    a.unmap_dev |= bit(o) | f.dup;
+    a.free_frame = Some(o);
+    a.free_dup_frames |= f.dup;
+    Fields::device(d)
+}
+
+/// Adds a read-only duplicate on `d` (not the owner, not yet a duplicate holder).
+fn add_dup(f: Fields, d: u8, copy: Copy, a: &mut Actions) -> Fields {
+    let mut n = f;
+    a.alloc_frame = Some(d);
+    a.copy = copy;
+    if f.dup == 0 {
+        // First duplicate: every mapping of the authoritative copy may be writable; revoke.
+        match f.loc {
+            Loc::Host => {
+                a.zap_cpu = f.cpu_mapped;
+                n.cpu_mapped = false;
+                a.unmap_dev |= f.remote;
+                n.remote = 0;
+            }
+            Loc::Device(o) => a.unmap_dev |= bit(o),
+            Loc::None => {}
+        }
+    }
+    if n.remote & bit(d) != 0 {
+        // The duplicate replaces d's remote mapping.
+        a.unmap_dev |= bit(d);
+        n.remote &= !bit(d);
+    }
+    n.dup |= bit(d);
+    a.map_dev = Some(DevMap { dev: d, writable: false, remote_host: false });
+    n
+}
+
+/// Releases everything the page holds.
+fn release(f: Fields, a: &mut Actions) -> Fields {
+    a.zap_cpu = f.cpu_mapped;
+    a.unmap_dev = f.dup | f.remote;
+    a.free_dup_frames = f.dup;
+    if let Loc::Device(o) = f.loc {
+        a.unmap_dev |= bit(o);
+        a.free_frame = Some(o);
+    }
+    a.free_host = f.loc == Loc::Host || f.host_valid;
+    Fields::NONE
+}
+
+fn cpu_fault(f: Fields, write: bool, a: &mut Actions) -> Result<Fields, Refused> {
+    let mut n = match f.loc {
+        Loc::None => {
+            a.alloc_host = true;
+            a.copy = Copy::ZeroHost;
+            Fields::HOST
+        }
+        Loc::Host => {
+            let mut n = f;
+            if write {
+                // Remote mappers keep their mapping: they map this very page.
+                collapse(&mut n, a);
+            }
+            n
+        }
+        Loc::Device(_) if f.pinned => return Err(Refused::Pinned),
+        Loc::Device(o) => dev_to_host(f, o, a),
+    };
+    a.map_cpu = true;
+    n.cpu_mapped = true;
+    Ok(n)
+}
+
+fn dev_fault(
+    f: Fields,
+    d: u8,
+    write: bool,
+    read_mostly: bool,
+    accessed_by: bool,
+    a: &mut Actions,
+) -> Result<Fields, Refused> {
+    let local = |writable| Some(DevMap { dev: d, writable, remote_host: false });
+    let remote = |writable| Some(DevMap { dev: d, writable, remote_host: true });
+    let is_dup = f.dup & bit(d) != 0;
+    let n = match f.loc {
+        Loc::None if accessed_by => {
+            a.alloc_host = true;
+            a.copy = Copy::ZeroHost;
+            a.map_dev = remote(true);
+            Fields { remote: bit(d), ..Fields::HOST }
+        }
+        Loc::None => {
+            a.alloc_frame = Some(d);
+            a.copy = Copy::ZeroDev(d);
+            a.map_dev = local(true);
+            Fields::device(d)
+        }
+        Loc::Host if accessed_by => {
+            let mut n = f;
+            if write {
+                collapse(&mut n, a);
+            }
+            if n.dup & bit(d) != 0 {
+                // The remote mapping replaces d's duplicate.
+                a.unmap_dev |= bit(d);
+                a.free_dup_frames |= bit(d);
+                n.dup &= !bit(d);
+            }
+            n.remote |= bit(d);
+            a.map_dev = remote(n.dup == 0);
+            n
+        }
+        Loc::Host | Loc::Device(_) if is_dup && !write => {
+            // Re-map the existing duplicate.
+            a.map_dev = local(false);
+            f
+        }
+        Loc::Host if read_mostly && !write => add_dup(f, d, Copy::H2D(d), a),
+        Loc::Host => {
+            a.map_dev = local(true);
+            host_to_dev(f, d, a)
+        }
+        Loc::Device(o) if o == d => {
+            let mut n = f;
+            if write {
+                collapse(&mut n, a);
+                n.dirty = true;
+            }
+            a.map_dev = local(n.dup == 0);
+            n
+        }
+        Loc::Device(_) if f.pinned => return Err(Refused::PinnedElsewhere),
+        Loc::Device(o) if accessed_by => {
+            // ACCESSED_BY maps the host page: bring the data home, then map it remotely.
+            a.map_dev = remote(true);
+            Fields { remote: bit(d), ..dev_to_host(f, o, a) }
+        }
+        Loc::Device(o) if read_mostly && !write => add_dup(f, d, Copy::D2D { from: o, to: d }, a),
+        Loc::Device(o) => {
+            a.map_dev = local(true);
+            dev_to_dev(f, o, d, a)
+        }
+    };
+    Ok(n)
+}
+
+/// Moves the data to `to` without mapping it anywhere (no `map_dev`, no `map_cpu`): the
+/// next access faults and only installs a mapping. A no-op if the data is already there.
+fn prefetch(f: Fields, to: Target, a: &mut Actions) -> Result<Fields, Refused> {
+    let n = match (f.loc, to) {
+        (Loc::None, Target::Host) => {
+            a.alloc_host = true;
+            a.copy = Copy::ZeroHost;
+            Fields::HOST
+        }
+        (Loc::None, Target::Device(d)) => {
+            a.alloc_frame = Some(d);
+            a.copy = Copy::ZeroDev(d);
+            Fields::device(d)
+        }
+        (Loc::Host, Target::Host) => f,
+        (Loc::Host, Target::Device(d)) => host_to_dev(f, d, a),
+        (Loc::Device(o), Target::Device(d)) if o == d => f,
+        (Loc::Device(_), _) if f.pinned => return Err(Refused::Pinned),
+        (Loc::Device(o), Target::Host) => dev_to_host(f, o, a),
+        (Loc::Device(o), Target::Device(d)) => dev_to_dev(f, o, d, a),
+    };
+    Ok(n)
+}
+
+/// Computes the next state of a page and the actions that get it there.
+pub fn transition(s: PageState, e: Event) -> Result<(PageState, Actions), Refused> {
+    let f = s.unpack();
+    let mut a = Actions::default();
+    let n = match e {
+        Event::CpuFault { write } => cpu_fault(f, write, &mut a)?,
+        Event::DevFault { dev, write, read_mostly, accessed_by } => {
+            check_dev(dev)?;
+            dev_fault(f, dev, write, read_mostly, accessed_by, &mut a)?
+        }
+        Event::Prefetch { to } => {
+            if let Target::Device(d) = to {
+                check_dev(d)?;
+            }
+            prefetch(f, to, &mut a)?
+        }
+        Event::Pin { dev } => {
+            check_dev(dev)?;
+            if f.pinned && f.loc != Loc::Device(dev) {
+                return Err(Refused::PinnedElsewhere);
+            }
+            Fields { pinned: true, ..prefetch(f, Target::Device(dev), &mut a)? }
+        }
+        Event::Unpin => Fields { pinned: false, ..f },
+        Event::DontNeed if f.pinned => return Err(Refused::Pinned),
+        Event::DontNeed => release(f, &mut a),
+        Event::Evict => match f.loc {
+            Loc::Device(_) if f.pinned => return Err(Refused::Pinned),
+            Loc::Device(o) => dev_to_host(f, o, &mut a),
+            _ => f,
+        },
+        Event::DeviceGone { dev } => {
+            check_dev(dev)?;
+            match f.loc {
+                // Like Evict, ignoring the pin.
+                Loc::Device(o) if o == dev => dev_to_host(f, o, &mut a),
+                _ => {
+                    let b = bit(dev);
+                    let mut n = f;
+                    a.unmap_dev = (f.dup | f.remote) & b;
+                    a.free_dup_frames = f.dup & b;
+                    n.dup &= !b;
+                    n.remote &= !b;
+                    n
+                }
+            }
+        }
+        Event::Free => release(f, &mut a),
+    };
+    Ok((n.pack(), a))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn go(s: PageState, e: Event) -> (PageState, Actions) {
+        match transition(s, e) {
+            Ok(r) => r,
+            Err(r) => panic!("{e:?} on {s:?} refused: {r:?}"),
+        }
+    }
+
+    fn dev_fault(dev: u8, write: bool) -> Event {
+        Event::DevFault { dev, write, read_mostly: false, accessed_by: false }
+    }
+
+    fn read_mostly(dev: u8) -> Event {
+        Event::DevFault { dev, write: false, read_mostly: true, accessed_by: false }
+    }
+
+    #[test]
+    fn first_cpu_touch_zero_fills_host() {
+        let (s, a) = go(PageState::EMPTY, Event::CpuFault { write: false });
+        assert_eq!(s.loc(), Loc::Host);
+        assert!(s.cpu_mapped() && s.host_valid() && !s.dirty());
+        assert_eq!(
+            a,
+            Actions { alloc_host: true, copy: Copy::ZeroHost, map_cpu: true, ..Actions::default() }
+        );
+        assert_eq!(s.query_word(), Q_LOC_HOST | Q_CPU_MAPPED);
+    }
+
+    #[test]
+    fn first_device_touch_zero_fills_frame() {
+        let (s, a) = go(PageState::EMPTY, dev_fault(3, false));
+        assert_eq!(s.loc(), Loc::Device(3));
+        assert!(s.dirty() && !s.host_valid());
+        assert_eq!(a.alloc_frame, Some(3));
+        assert_eq!(a.copy, Copy::ZeroDev(3));
+        assert_eq!(a.map_dev, Some(DevMap { dev: 3, writable: true, remote_host: false }));
+        assert_eq!(s.query_word(), Q_LOC_DEVICE | (3 << 8) | Q_DIRTY);
+    }
+
+    #[test]
+    fn host_to_device_migration_revokes_cpu_and_frees_host() {
+        let (s, _) = go(PageState::EMPTY, Event::CpuFault { write: true });
+        let (s, a) = go(s, dev_fault(1, false));
+        assert_eq!(s.loc(), Loc::Device(1));
+        assert!(a.zap_cpu && a.free_host && !s.cpu_mapped());
+        assert_eq!(a.copy, Copy::H2D(1));
+        // And back: the CPU fault copies the frame home and frees it.
+        let (s, a) = go(s, Event::CpuFault { write: false });
+        assert_eq!(s.loc(), Loc::Host);
+        assert_eq!(a.copy, Copy::D2H(1));
+        assert_eq!(a.free_frame, Some(1));
+        assert_eq!(a.unmap_dev, 1 << 1);
+        assert!(a.map_cpu && s.cpu_mapped());
+    }
+
+    #[test]
+    fn read_mostly_duplicates_then_write_collapses() {
+        let (s, _) = go(PageState::EMPTY, Event::CpuFault { write: false });
+        let (s, a) = go(s, read_mostly(2));
+        assert_eq!(s.loc(), Loc::Host);
+        assert_eq!(s.dup_mask(), 1 << 2);
+        assert_eq!(a.copy, Copy::H2D(2));
+        assert!(a.zap_cpu, "first duplicate revokes the (maybe writable) CPU mapping");
+        assert_eq!(a.map_dev, Some(DevMap { dev: 2, writable: false, remote_host: false }));
+        let (s, _) = go(s, read_mostly(5));
+        assert_eq!(s.dup_mask(), (1 << 2) | (1 << 5));
+        assert_ne!(s.query_word() & Q_DUP, 0);
+        let (s, a) = go(s, Event::CpuFault { write: true });
+        assert_eq!(s.dup_mask(), 0);
+        assert_eq!(a.free_dup_frames, (1 << 2) | (1 << 5));
+        assert_eq!(a.unmap_dev, (1 << 2) | (1 << 5));
+    }
+
+    #[test]
+    fn duplicate_of_device_page_downgrades_owner() {
+        let (s, _) = go(PageState::EMPTY, dev_fault(0, true));
+        let (s, a) = go(s, read_mostly(1));
+        assert_eq!(s.loc(), Loc::Device(0));
+        assert_eq!(a.copy, Copy::D2D { from: 0, to: 1 });
+        assert_eq!(a.unmap_dev, 1, "owner's writable PTE must go");
+        let (_, a) = go(s, dev_fault(0, false));
+        assert_eq!(a.map_dev, Some(DevMap { dev: 0, writable: false, remote_host: false }));
+        // A write by the duplicate holder makes it the owner and drops every duplicate.
+        let (s, a) = go(s, dev_fault(1, true));
+        assert_eq!(s.loc(), Loc::Device(1));
+        assert_eq!(s.dup_mask(), 0);
+        assert_eq!(a.alloc_frame, Some(1));
+        assert_eq!(a.free_frame, Some(0));
+        assert_eq!(a.free_dup_frames, 1 << 1);
+    }
+
+    #[test]
+    fn accessed_by_maps_host_remotely() {
+        let e = Event::DevFault { dev: 4, write: true, read_mostly: false, accessed_by: true };
+        let (s, a) = go(PageState::EMPTY, e);
+        assert_eq!(s.loc(), Loc::Host);
+        assert_eq!(s.remote_mask(), 1 << 4);
+        assert_eq!(a.map_dev, Some(DevMap { dev: 4, writable: true, remote_host: true }));
+        assert_eq!(s.query_word(), Q_LOC_HOST | Q_REMOTE);
+        // CPU writes keep the remote mapping.
+        let (s, a) = go(s, Event::CpuFault { write: true });
+        assert_eq!(s.remote_mask(), 1 << 4);
+        assert_eq!(a.unmap_dev, 0);
+        // Migration to another device revokes it.
+        let (s, a) = go(s, dev_fault(6, true));
+        assert_eq!(s.remote_mask(), 0);
+        assert_eq!(a.unmap_dev, 1 << 4);
+    }
+
+    #[test]
+    fn pin_rules() {
+        let (s, a) = go(PageState::EMPTY, Event::Pin { dev: 7 });
+        assert_eq!((s.loc(), s.pinned()), (Loc::Device(7), true));
+        assert_eq!(a.copy, Copy::ZeroDev(7));
+        assert_eq!(a.map_dev, None);
+        assert_eq!(transition(s, Event::Evict), Err(Refused::Pinned));
+        assert_eq!(transition(s, Event::DontNeed), Err(Refused::Pinned));
+        assert_eq!(transition(s, Event::CpuFault { write: false }), Err(Refused::Pinned));
+        assert_eq!(transition(s, dev_fault(2, false)), Err(Refused::PinnedElsewhere));
+        assert_eq!(transition(s, Event::Pin { dev: 2 }), Err(Refused::PinnedElsewhere));
+        assert_eq!(
+            transition(s, Event::Prefetch { to: Target::Host }),
+            Err(Refused::Pinned)
+        );
+        assert_eq!(s.query_word(), Q_LOC_DEVICE | (7 << 8) | Q_PINNED | Q_DIRTY);
+        let (u, a) = go(s, Event::Unpin);
+        assert!(!u.pinned());
+        assert_eq!(a, Actions::default());
+        // DeviceGone ignores the pin and keeps the data.
+        let (g, a) = go(s, Event::DeviceGone { dev: 7 });
+        assert_eq!((g.loc(), g.pinned()), (Loc::Host, false));
+        assert_eq!(a.copy, Copy::D2H(7));
+    }
+
+    #[test]
+    fn bad_device_is_refused() {
+        for e in [
+            dev_fault(16, false),
+            Event::Pin { dev: 200 },
+            Event::Prefetch { to: Target::Device(16) },
+            Event::DeviceGone { dev: 255 },
+        ] {
+            assert_eq!(transition(PageState::EMPTY, e), Err(Refused::BadDevice), "{e:?}");
+        }
+    }
+
+    #[test]
+    fn prefetch_to_current_place_is_noop() {
+        let (s, _) = go(PageState::EMPTY, dev_fault(9, true));
+        assert_eq!(go(s, Event::Prefetch { to: Target::Device(9) }), (s, Actions::default()));
+        let (h, a) = go(s, Event::Prefetch { to: Target::Host });
+        assert_eq!(h.loc(), Loc::Host);
+        assert!(!a.map_cpu && !h.cpu_mapped());
+        assert_eq!(go(h, Event::Prefetch { to: Target::Host }), (h, Actions::default()));
+    }
+
+    #[test]
+    fn free_releases_everything() {
+        let (s, _) = go(PageState::EMPTY, Event::CpuFault { write: false });
+        let (s, _) = go(s, read_mostly(1));
+        let e = Event::DevFault { dev: 2, write: false, read_mostly: false, accessed_by: true };
+        let (s, _) = go(s, e);
+        let (s, a) = go(s, Event::Free);
+        assert_eq!(s, PageState::EMPTY);
+        assert!(a.free_host);
+        assert_eq!(a.free_dup_frames, 1 << 1);
+        assert_eq!(a.unmap_dev, (1 << 1) | (1 << 2));
+    }
+
+    #[test]
+    fn host_packing_holds_all_sixteen_devices() {
+        // Every device either a duplicate (even ids) or a remote mapper (odd ids).
+        let f = Fields { dup: 0x5555, remote: 0xaaaa, cpu_mapped: true, ..Fields::HOST };
+        let s = f.pack();
+        assert_eq!(s.unpack(), f);
+        assert_eq!(PageState::from_bits(s.bits()), s);
+        let d = Fields { dup: 0x7ffe, pinned: true, ..Fields::device(15) }.pack();
+        assert_eq!((d.loc(), d.dup_mask(), d.pinned()), (Loc::Device(15), 0x7ffe, true));
+    }
+
+    #[test]
+    fn garbage_bits_decode_without_panic() {
+        for b in [u32::MAX, 0xc000_0000, 0x7fff_ffff, 0xbfff_ffff] {
+            let s = PageState::from_bits(b);
+            let w = s.query_word();
+            assert!(w & 0xff <= Q_LOC_DEVICE, "{b:#x}");
+            assert_eq!(s.dup_mask() & s.remote_mask(), 0);
+        }
+    }
+}

@@ -1,0 +1,149 @@
+#!/usr/bin/env python3
+"""Judge a GMEM run: the guest console log (KUnit KTAP + GMEM-UTEST lines) and host cargo
+test output. QEMU exits 0 even after a panic, so the log is the only truth.
+
+Prints per-suite results, every failure with its reason, and ends with one line
+`N passed, N failed`. Exit status 1 on any failure (or when nothing ran at all).
+
+usage: judge.py [--console LOG] [--cargo OUT]... [--expect-suite NAME]... [--summary-out F]
+"""
+import argparse
+import re
+import sys
+
+TS = re.compile(r"^\[\s*\d+\.\d+\]\s?")
+# Kernel reports that fail a run whatever the tests said.
+BAD = [
+    (re.compile(r"\bOops\b|general protection fault|Unable to handle kernel"), "kernel oops"),
+    (re.compile(r"\bBUG:"), "kernel BUG"),
+    (re.compile(r"\bWARNING:"), "kernel WARNING"),
+    (re.compile(r"Kernel panic"), "kernel panic"),
+    (re.compile(r"KASAN:|BUG: KASAN"), "KASAN report"),
+    (re.compile(r"UBSAN:"), "UBSAN report"),
+    (re.compile(r"possible recursive locking|possible circular locking|inconsistent lock state|"
+                r"suspicious RCU usage|lockdep|sleeping function called from invalid context"),
+     "lockdep/atomic-sleep report"),
+    (re.compile(r"unreferenced object 0x"), "kmemleak report"),
+    (re.compile(r"LAYOUT MISMATCH"), "bindgen layout mismatch"),
+    (re.compile(r"^\[guest\] TIMEOUT"), "guest timeout"),
+]
+CASE = re.compile(r"^(\s*)(ok|not ok) (\d+) (\S+)(.*)$")
+SUBTEST = re.compile(r"^\s*# Subtest: (\S+)")
+UTEST = re.compile(r"^GMEM-UTEST (ok|not ok) (\S+)(?: # (.*))?$")
+CARGO = re.compile(r"^test result: \w+\. (\d+) passed; (\d+) failed")
+CARGO_FAIL = re.compile(r"^test (\S+) \.\.\. FAILED")
+
+
+def judge_console(path, expect_suites, res):
+    try:
+        lines = open(path, errors="replace").read().splitlines()
+    except OSError as e:
+        res["fail"].append(("console", f"cannot read {path}: {e}"))
+        return
+    suite_stack = []
+    seen_suites = set()
+    ended = False
+    for raw in lines:
+        line = TS.sub("", raw)
+        for pat, what in BAD:
+            if pat.search(line):
+                res["fail"].append((what, line.strip()))
+        m = SUBTEST.match(line)
+        if m:
+            indent = len(line) - len(line.lstrip())
+            suite_stack.append((indent, m.group(1)))
+            seen_suites.add(m.group(1))
+            continue
+        m = UTEST.match(line.strip())
+        if m:
+            name = "guest/" + m.group(2)
+            if m.group(1) == "ok":
+                res["pass"].append(name)
+            else:
+                res["fail"].append((name, m.group(3) or ""))
+            continue
+        m = CASE.match(line)
+        if m and suite_stack:
+            indent = len(m.group(1))
+            sindent, suite = suite_stack[-1]
+            if indent == sindent and m.group(4) != suite:
+                # a test case directly inside the current suite
+                name = f"kunit/{suite}.{m.group(4)}"
+                if m.group(2) == "ok":
+                    if "# SKIP" not in m.group(5):
+                        res["pass"].append(name)
+                else:
+                    res["fail"].append((name, "KUnit case failed"))
+            elif indent < sindent or m.group(4) == suite:
+                # the suite's own result line
+                if m.group(2) == "not ok":
+                    res["fail"].append((f"kunit/{suite}", "KUnit suite failed"))
+                suite_stack.pop()
+        if line.strip() == "GMEM-RUN-END":
+            ended = True
+    for s in expect_suites:
+        if s not in seen_suites:
+            res["fail"].append((f"kunit/{s}", "expected KUnit suite did not run"))
+    if not ended:
+        res["fail"].append(("guest", "no GMEM-RUN-END marker: the guest died or hung"))
+
+
+def judge_cargo(path, res):
+    try:
+        lines = open(path, errors="replace").read().splitlines()
+    except OSError as e:
+        res["fail"].append(("cargo", f"cannot read {path}: {e}"))
+        return
+    results = 0
+    for line in lines:
+        m = CARGO.match(line.strip())
+        if m:
+            results += 1
+            res["cargo_pass"] += int(m.group(1))
+            res["cargo_fail"] += int(m.group(2))
+        m = CARGO_FAIL.match(line.strip())
+        if m:
+            res["fail"].append((f"host/{m.group(1)}", "cargo test failed"))
+    if results == 0:
+        res["fail"].append(("cargo", f"no 'test result' line in {path}: build failed?"))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--console")
+    ap.add_argument("--cargo", action="append", default=[])
+    ap.add_argument("--expect-suite", action="append", default=[])
+    ap.add_argument("--summary-out")
+    a = ap.parse_args()
+    res = {"pass": [], "fail": [], "cargo_pass": 0, "cargo_fail": 0}
+    if a.console:
+        judge_console(a.console, a.expect_suite, res)
+    for c in a.cargo:
+        judge_cargo(c, res)
+
+    groups = {}
+    for n in res["pass"]:
+        groups.setdefault(n.rsplit(".", 1)[0] if n.startswith("kunit/") else n.split("/")[0], [0, 0])[0] += 1
+    for n, _ in res["fail"]:
+        groups.setdefault(n.rsplit(".", 1)[0] if n.startswith("kunit/") else n.split("/")[0], [0, 0])[1] += 1
+    if a.cargo:
+        groups["host cargo test"] = [res["cargo_pass"], res["cargo_fail"]]
+    for g in sorted(groups):
+        p, f = groups[g]
+        print(f"  {g:40s} {p:4d} passed {f:3d} failed")
+    for n, why in res["fail"]:
+        print(f"FAIL {n}: {why}")
+    passed = len(res["pass"]) + res["cargo_pass"]
+    # a cargo failure is already listed by name; count it once
+    failed = len(res["fail"]) + max(0, res["cargo_fail"] - sum(1 for n, _ in res["fail"] if n.startswith("host/")))
+    if a.console and a.console:
+        print(f"console log: {a.console}")
+    print(f"{passed} passed, {failed} failed")
+    if a.summary_out:
+        with open(a.summary_out, "w") as f:
+            f.write(f"{passed} {failed}\n")
+    return 1 if failed or passed == 0 else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

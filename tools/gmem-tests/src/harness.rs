@@ -1,0 +1,117 @@
+// SPDX-License-Identifier: GPL-2.0
+//! A tiny test runner: each test runs in a forked child (so a crash or a leaked mapping of
+//! one test cannot hide another's result) and reports on stdout.
+
+use std::io::Write;
+
+pub type TestResult = Result<(), String>;
+
+pub struct Test {
+    pub name: &'static str,
+    pub f: fn() -> TestResult,
+}
+
+/// `ensure!(cond, "fmt", args..)`: fail the test with a message.
+#[macro_export]
+macro_rules! ensure {
+    ($c:expr, $($m:tt)+) => {
+        if !$c {
+            return Err(format!("{}:{}: {}", file!(), line!(), format!($($m)+)));
+        }
+    };
+}
+
+/// `expect_errno!(result, errno)`: the call must fail with exactly this errno.
+#[macro_export]
+macro_rules! expect_errno {
+    ($r:expr, $e:expr) => {
+        match $r {
+            Ok(v) => return Err(format!("{}:{}: expected errno {} but call succeeded ({:?})", file!(), line!(), $e, v)),
+            Err(libgmem::Errno(got)) if got == $e => {}
+            Err(libgmem::Errno(got)) => {
+                return Err(format!("{}:{}: expected errno {} got {}", file!(), line!(), $e, got))
+            }
+        }
+    };
+}
+
+/// `ok!(result)`: unwrap a libgmem result or fail the test with the errno.
+#[macro_export]
+macro_rules! ok {
+    ($r:expr) => {
+        match $r {
+            Ok(v) => v,
+            Err(e) => return Err(format!("{}:{}: {} failed: {}", file!(), line!(), stringify!($r), e)),
+        }
+    };
+}
+
+fn report(ok: bool, name: &str, why: &str) {
+    let mut out = std::io::stdout().lock();
+    if ok {
+        let _ = writeln!(out, "GMEM-UTEST ok {}", name);
+    } else {
+        let _ = writeln!(out, "GMEM-UTEST not ok {} # {}", name, why.replace('\n', " "));
+    }
+    let _ = out.flush();
+}
+
+/// Runs every test in its own child process; returns the number of failures.
+pub fn run(tests: &[Test]) -> usize {
+    let mut failed = 0;
+    for t in tests {
+        let _ = std::io::stdout().flush();
+        let mut fds = [0i32; 2];
+        // SAFETY: plain pipe(2)/fork(2)/waitpid(2) use; the child only runs the test and exits.
+        unsafe {
+            if libc::pipe(fds.as_mut_ptr()) != 0 {
+                report(false, t.name, "pipe failed");
+                failed += 1;
+                continue;
+            }
+            let pid = libc::fork();
+            if pid == 0 {
+                libc::close(fds[0]);
+                let msg = match std::panic::catch_unwind(t.f) {
+                    Ok(Ok(())) => String::new(),
+                    Ok(Err(m)) => m,
+                    Err(_) => "panicked".to_string(),
+                };
+                let code = if msg.is_empty() { 0 } else { 1 };
+                libc::write(fds[1], msg.as_ptr().cast(), msg.len());
+                libc::_exit(code);
+            }
+            libc::close(fds[1]);
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 512];
+            loop {
+                let n = libc::read(fds[0], chunk.as_mut_ptr().cast(), chunk.len());
+                if n <= 0 {
+                    break;
+                }
+                buf.extend_from_slice(&chunk[..n as usize]);
+            }
+            libc::close(fds[0]);
+            let mut status = 0;
+            libc::waitpid(pid, &mut status, 0);
+            let why = String::from_utf8_lossy(&buf).to_string();
+            let passed = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 && why.is_empty();
+            if !passed {
+                failed += 1;
+                let why = if why.is_empty() {
+                    if libc::WIFSIGNALED(status) {
+                        format!("killed by signal {}", libc::WTERMSIG(status))
+                    } else {
+                        format!("exit status {}", libc::WEXITSTATUS(status))
+                    }
+                } else {
+                    why
+                };
+                report(false, t.name, &why);
+            } else {
+                report(true, t.name, "");
+            }
+        }
+    }
+    failed
+}
