@@ -17,6 +17,7 @@ EXPORT_SYMBOL_GPL(gmem_dev_unregister);
 EXPORT_SYMBOL_GPL(gmem_dev_id);
 EXPORT_SYMBOL_GPL(gmem_space_get_current);
 EXPORT_SYMBOL_GPL(gmem_space_put);
+EXPORT_SYMBOL_GPL(gmem_space_ctx);
 EXPORT_SYMBOL_GPL(gmem_dev_fault);
 
 /* Kernel structs, in the order of KERNEL_LAYOUT in gmem/layout.rs. */

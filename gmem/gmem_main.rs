@@ -2,8 +2,15 @@
 //! GMEM: one virtual address space for the CPU and accelerators.
 //!
 //! Crate root of gmem.ko. Where things are:
-//! - `chardev`  — `/dev/gmem`, the user API (ioctls), one open = one handle on the caller's space
+//! - `chardev`  — `/dev/gmem`: the user API (ioctls) and the mmap contract
+//! - `space`    — per-process address space: regions by address, device contexts
+//! - `region`   — one allocation: per-page residency (16 bytes/page), advice
+//! - `fault`    — where faults go: CPU `.fault` handler and `gmem_dev_fault()` batches
+//! - `migrate`  — carries out the page-state machine's decisions (copy, map, unmap, free)
+//! - `advise`   — GMEM_IOC_ADVISE: hints, prefetch/pin/dontneed, async fences
 //! - `registry` — accelerator drivers register here (C ABI of `include/linux/gmem.h`)
+//! - `device`   — a registered device: ops trait + C adapter, central frame allocator
+//! - `policy`   — the pure `no_std` policy code of `policy/` (host-tested)
 //! - `layout`   — load-time check that bindgen's struct layouts match C's
 //!
 //! Lock order: see Documentation/design.rst.
@@ -15,9 +22,16 @@ use kernel::{
 
 #[path = "../include/rust/gmem_abi.rs"]
 mod abi;
+mod advise;
 mod chardev;
+mod device;
+mod fault;
 mod layout;
+mod migrate;
+mod policy;
+mod region;
 mod registry;
+mod space;
 
 module! {
     type: GmemModule,
@@ -38,7 +52,8 @@ impl kernel::InPlaceModule for GmemModule {
         pin_init::pin_init_scope(|| {
             layout::check()?;
             registry::init();
-            pr_info!("gmem: loaded (uapi v{})\n", chardev::UAPI_VERSION);
+            space::init();
+            pr_info!("loaded (uapi v{})\n", chardev::UAPI_VERSION);
             Ok(try_pin_init!(Self {
                 misc <- MiscDeviceRegistration::register(MiscDeviceOptions { name: c"gmem" }),
             }))

@@ -1,43 +1,31 @@
 // SPDX-License-Identifier: GPL-2.0
 //! Device registry: accelerator drivers register and unregister here through the C ABI of
-//! `include/linux/gmem.h` (exported by gmem_export.c).
+//! `include/linux/gmem.h` (exported by gmem_export.c). Ids are small integers, lowest free
+//! first; they are what the user API calls a device.
 //!
-//! Lock order: `REGISTRY` is a leaf lock; no driver callback runs under it.
+//! Lock order: `REGISTRY` is a leaf; no driver callback and no other lock under it.
+//! Unregistration: mark the device dead (no new fault, prefetch or context starts on it),
+//! evacuate every page it holds in every space to the host, destroy its contexts, then
+//! forget it. Nothing a user stored is lost.
 
-use crate::abi::{GmemDevHandle, GmemDevOps, GmemDevProps, GmemSpaceHandle, GMEM_DRIVER_ABI_VERSION};
+use crate::abi::{GmemDevHandle, GmemDevOps, GmemDevProps};
+use crate::device::{CDriver, Device};
+use crate::{migrate, space};
 use kernel::{
-    ffi::{c_int, c_void},
+    ffi::c_int,
     prelude::*,
     sync::{global_lock, Arc},
 };
 
 /// Most devices registered at once (device ids are `0..MAX_DEVICES`).
-pub(crate) const MAX_DEVICES: usize = 16;
-
-/// A registered device.
-///
-/// # Invariants
-/// `ops` points to the driver's ops table, which the driver keeps alive and unchanged until
-/// `gmem_dev_unregister` returns; `drv` is the driver's opaque pointer from its props.
-pub(crate) struct Device {
-    pub(crate) id: usize,
-    pub(crate) nr_frames: u64,
-    ops: *const GmemDevOps,
-    drv: *mut c_void,
-}
-
-// SAFETY: the ops table is immutable and its callbacks may be called from any thread (driver
-// API contract); `drv` is only passed back to those callbacks.
-unsafe impl Send for Device {}
-// SAFETY: as above; `Device` has no interior mutability of its own.
-unsafe impl Sync for Device {}
+pub(crate) const MAX_DEVICES: usize = crate::policy::page_state::MAX_DEVICES;
 
 struct Registry {
     devices: [Option<Arc<Device>>; MAX_DEVICES],
 }
 
 global_lock! {
-    // SAFETY: initialised in module init before any use (`init`), see `GmemModule::init`.
+    // SAFETY: initialised by `init()` in module init before any use.
     unsafe(uninit) static REGISTRY: Mutex<Registry> = Registry { devices: [const { None }; MAX_DEVICES] };
 }
 
@@ -52,11 +40,28 @@ pub(crate) fn count() -> usize {
     REGISTRY.lock().devices.iter().filter(|d| d.is_some()).count()
 }
 
-/// Picks the lowest free id and stores the device; `EBUSY` when all ids are taken.
-fn insert(ops: *const GmemDevOps, drv: *mut c_void, nr_frames: u64) -> Result<Arc<Device>> {
+/// The device with id `id`.
+pub(crate) fn get(id: usize) -> Option<Arc<Device>> {
+    REGISTRY.lock().devices.get(id)?.clone()
+}
+
+/// Every registered device.
+pub(crate) fn all() -> KVec<Arc<Device>> {
+    let reg = REGISTRY.lock();
+    let mut v = KVec::new();
+    for d in reg.devices.iter().flatten() {
+        if v.push(d.clone(), GFP_KERNEL).is_err() {
+            break;
+        }
+    }
+    v
+}
+
+/// Picks the lowest free id and stores a new device; `EBUSY` when all ids are taken.
+fn insert(drv: CDriver, nr_frames: u64) -> Result<Arc<Device>> {
     let mut reg = REGISTRY.lock();
     let id = reg.devices.iter().position(|d| d.is_none()).ok_or(EBUSY)?;
-    let dev = Arc::new(Device { id, nr_frames, ops, drv }, GFP_KERNEL)?;
+    let dev = Device::new(id, drv, nr_frames)?;
     reg.devices[id] = Some(dev.clone());
     Ok(dev)
 }
@@ -65,29 +70,25 @@ fn remove(id: usize) -> Option<Arc<Device>> {
     REGISTRY.lock().devices.get_mut(id)?.take()
 }
 
-/// Validates the driver's tables (mandatory ops present, ABI version and sizes known).
-///
-/// # Safety
-/// `ops` and `props` must be null or valid for reads.
-unsafe fn validate(ops: *const GmemDevOps, props: *const GmemDevProps) -> Result<(u64, *mut c_void)> {
-    if ops.is_null() || props.is_null() {
-        return Err(EINVAL);
+/// Evacuates `dev` from every space and destroys its contexts.
+fn evacuate(dev: &Device) {
+    let spaces = match space::all() {
+        Ok(s) => s,
+        Err(_) => {
+            pr_err!("device {}: cannot list spaces for evacuation\n", dev.id);
+            return;
+        }
+    };
+    for s in spaces.iter() {
+        let mut from = 0;
+        while let Some(r) = s.next_region(from) {
+            from = r.end();
+            if let Err(e) = migrate::evacuate(&r, dev) {
+                pr_err!("device {}: evacuating region {:#x} failed: {:?}\n", dev.id, r.start, e);
+            }
+        }
+        s.drop_ctx(dev);
     }
-    // SAFETY: non-null and valid for reads by the caller's contract.
-    let (o, p) = unsafe { (&*ops, &*props) };
-    if p.abi_version != GMEM_DRIVER_ABI_VERSION || p.size as usize != core::mem::size_of::<GmemDevProps>() {
-        return Err(EINVAL);
-    }
-    let complete = o.ctx_create.is_some()
-        && o.ctx_destroy.is_some()
-        && o.map.is_some()
-        && o.unmap.is_some()
-        && o.tlb_invalidate.is_some()
-        && o.copy.is_some();
-    if !complete || p.nr_frames == 0 {
-        return Err(EINVAL);
-    }
-    Ok((p.nr_frames, p.drv))
 }
 
 /// `gmem_dev_register()` of the C ABI.
@@ -100,10 +101,10 @@ pub(crate) unsafe extern "C" fn gmem_dev_register(
     props: *const GmemDevProps,
 ) -> *mut GmemDevHandle {
     // SAFETY: forwarded caller contract.
-    let r = unsafe { validate(ops, props) }.and_then(|(nr, drv)| insert(ops, drv, nr));
+    let r = unsafe { CDriver::new(ops, props) }.and_then(|(drv, nr)| insert(drv, nr));
     match r {
         Ok(dev) => {
-            pr_info!("gmem: device {} registered ({} frames)\n", dev.id, dev.nr_frames);
+            pr_info!("device {} registered ({} frames)\n", dev.id, dev.nr_frames);
             Arc::into_raw(dev).cast_mut().cast()
         }
         Err(e) => e.to_ptr(),
@@ -119,9 +120,10 @@ pub(crate) unsafe extern "C" fn gmem_dev_unregister(dev: *mut GmemDevHandle) {
     // SAFETY: by the caller's contract the handle came from `Arc::into_raw` in register and
     // this is the one call that gives that reference back.
     let dev = unsafe { Arc::<Device>::from_raw(dev.cast::<Device>().cast_const()) };
-    let id = dev.id;
-    drop(remove(id));
-    pr_info!("gmem: device {} unregistered\n", id);
+    dev.kill();
+    evacuate(&dev);
+    drop(remove(dev.id));
+    pr_info!("device {} unregistered ({} frames still in use)\n", dev.id, dev.frames_used());
 }
 
 /// `gmem_dev_id()` of the C ABI.
@@ -130,73 +132,104 @@ pub(crate) unsafe extern "C" fn gmem_dev_unregister(dev: *mut GmemDevHandle) {
 /// `dev` must be a live handle from `gmem_dev_register`.
 #[no_mangle]
 pub(crate) unsafe extern "C" fn gmem_dev_id(dev: *const GmemDevHandle) -> c_int {
-    // SAFETY: a live handle points to a `Device` kept alive by the registry's reference.
+    // SAFETY: a live handle points to a `Device` kept alive by the driver's reference.
     unsafe { (*dev.cast::<Device>()).id as c_int }
-}
-
-/// `gmem_space_get_current()` of the C ABI.
-#[no_mangle]
-pub(crate) extern "C" fn gmem_space_get_current() -> *mut GmemSpaceHandle {
-    ENOENT.to_ptr()
-}
-
-/// `gmem_space_put()` of the C ABI.
-#[no_mangle]
-pub(crate) extern "C" fn gmem_space_put(_space: *mut GmemSpaceHandle) {}
-
-/// `gmem_dev_fault()` of the C ABI.
-#[no_mangle]
-pub(crate) extern "C" fn gmem_dev_fault(
-    _dev: *mut GmemDevHandle,
-    _space: *mut GmemSpaceHandle,
-    _addrs: *const u64,
-    _n: u32,
-    _access: u32,
-) -> c_int {
-    EFAULT.to_errno()
 }
 
 #[kunit_tests(gmem_registry)]
 mod tests {
     use super::*;
+    use crate::abi::GMEM_DRIVER_ABI_VERSION;
 
-    #[test]
-    fn register_rejects_null_and_incomplete_tables() {
-        // SAFETY: null pointers are allowed by `validate`'s contract.
-        assert_eq!(unsafe { validate(core::ptr::null(), core::ptr::null()) }.err(), Some(EINVAL));
-        let ops = GmemDevOps {
-            ctx_create: None,
-            ctx_destroy: None,
-            map: None,
-            unmap: None,
-            tlb_invalidate: None,
-            copy: None,
-            frame_page: None,
-        };
-        let props = GmemDevProps {
+    fn props(nr_frames: u64) -> GmemDevProps {
+        GmemDevProps {
             size: core::mem::size_of::<GmemDevProps>() as u32,
             abi_version: GMEM_DRIVER_ABI_VERSION,
             name: core::ptr::null(),
-            nr_frames: 16,
+            nr_frames,
             drv: core::ptr::null_mut(),
-        };
+        }
+    }
+
+    const EMPTY_OPS: GmemDevOps = GmemDevOps {
+        ctx_create: None,
+        ctx_destroy: None,
+        map: None,
+        unmap: None,
+        tlb_invalidate: None,
+        copy: None,
+        frame_page: None,
+    };
+
+    #[test]
+    fn register_rejects_null_and_incomplete_tables() {
+        // SAFETY: null pointers are allowed by `CDriver::new`'s contract.
+        assert_eq!(unsafe { CDriver::new(core::ptr::null(), core::ptr::null()) }.err(), Some(EINVAL));
+        let p = props(16);
         // SAFETY: both point to live locals.
-        assert_eq!(unsafe { validate(&ops, &props) }.err(), Some(EINVAL));
+        assert_eq!(unsafe { CDriver::new(&EMPTY_OPS, &p) }.err(), Some(EINVAL));
     }
 
     #[test]
-    fn ids_are_reused_lowest_first() {
+    fn ids_are_reused_lowest_first_and_frames_are_central() {
         let before = count();
-        let a = insert(core::ptr::null(), core::ptr::null_mut(), 1).expect("insert a");
-        let b = insert(core::ptr::null(), core::ptr::null_mut(), 1).expect("insert b");
-        assert_ne!(a.id, b.id);
+        let p = props(8);
+        // SAFETY: the adapters are never called (no ops are used by `insert`/`remove`);
+        // `CDriver::new` would refuse EMPTY_OPS, so build the devices via raw parts.
+        let mk = || unsafe { CDriver::new(&EMPTY_OPS, &p) };
+        assert!(mk().is_err());
+        let a = Device::new(100, test_driver(), 8).expect("device");
+        // The central frame allocator hands out every frame once, then ENOMEM.
+        let mut got = KVec::new();
+        for _ in 0..8 {
+            got.push(a.alloc_frame().expect("frame"), GFP_KERNEL).expect("push");
+        }
+        assert_eq!(a.alloc_frame().err(), Some(ENOMEM));
+        a.free_frame(got[3]);
+        assert_eq!(a.alloc_frame().ok(), Some(got[3]));
+        assert_eq!(a.frames_used(), 8);
+        let x = insert(test_driver(), 1).expect("insert x");
+        let y = insert(test_driver(), 1).expect("insert y");
+        assert_ne!(x.id, y.id);
         assert_eq!(count(), before + 2);
-        let freed = a.id;
-        drop(remove(a.id));
-        let c = insert(core::ptr::null(), core::ptr::null_mut(), 1).expect("insert c");
-        assert_eq!(c.id, freed);
-        drop(remove(b.id));
-        drop(remove(c.id));
+        let freed = x.id;
+        drop(remove(x.id));
+        let z = insert(test_driver(), 1).expect("insert z");
+        assert_eq!(z.id, freed);
+        drop(remove(y.id));
+        drop(remove(z.id));
         assert_eq!(count(), before);
+    }
+
+    /// A driver whose callbacks all exist but are never called by these tests.
+    fn test_driver() -> CDriver {
+        use crate::abi::{GmemCopy, GmemPte};
+        use kernel::ffi::c_void;
+        unsafe extern "C" fn cc(_d: *mut c_void, _c: *mut *mut c_void) -> c_int {
+            0
+        }
+        unsafe extern "C" fn cd(_d: *mut c_void, _c: *mut c_void) {}
+        unsafe extern "C" fn m(_d: *mut c_void, _c: *mut c_void, _p: *const GmemPte, _n: u32) -> c_int {
+            0
+        }
+        unsafe extern "C" fn u(_d: *mut c_void, _c: *mut c_void, _v: u64, _n: u64) {}
+        unsafe extern "C" fn cp(_d: *mut c_void, _r: u32, _c: *const GmemCopy, _n: u32, _p: *mut c_void) -> c_int {
+            0
+        }
+        static OPS: GmemDevOps = GmemDevOps {
+            ctx_create: Some(cc),
+            ctx_destroy: Some(cd),
+            map: Some(m),
+            unmap: Some(u),
+            tlb_invalidate: Some(u),
+            copy: Some(cp),
+            frame_page: None,
+        };
+        let p = props(1);
+        // SAFETY: `OPS` is static and complete; `p` is a live local.
+        match unsafe { CDriver::new(&OPS, &p) } {
+            Ok((d, _)) => d,
+            Err(_) => panic!("complete static ops refused"),
+        }
     }
 }

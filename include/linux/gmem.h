@@ -47,6 +47,7 @@ struct gmem_pte {
 #define GMEM_COPY_H2D		0u	/* host page -> frame */
 #define GMEM_COPY_D2H		1u	/* frame -> host page */
 #define GMEM_COPY_D2D		2u	/* frame -> peer_frame on the peer device */
+#define GMEM_COPY_ZERO		3u	/* zero-fill frame (host unused) */
 
 struct gmem_copy {
 	struct page *host;	/* H2D source / D2H destination */
@@ -92,6 +93,12 @@ int gmem_dev_id(const struct gmem_dev *dev);
 /* The GMEM space of the calling process, with a reference; ERR_PTR(-ENOENT) if none. */
 struct gmem_space *gmem_space_get_current(void);
 void gmem_space_put(struct gmem_space *space);
+/*
+ * The device's context (page table) for @space, created through ops->ctx_create on first
+ * use. Valid while the caller holds its reference on @space. ERR_PTR(-ENODEV) if the device
+ * is unregistering.
+ */
+void *gmem_space_ctx(struct gmem_dev *dev, struct gmem_space *space);
 
 /*
  * Service a batch of device faults of @dev in @space: @n page addresses (any order,

@@ -16,6 +16,7 @@ pub const GMEM_PROT_WRITE: u32 = 2;
 pub const GMEM_COPY_H2D: u32 = 0;
 pub const GMEM_COPY_D2H: u32 = 1;
 pub const GMEM_COPY_D2D: u32 = 2;
+pub const GMEM_COPY_ZERO: u32 = 3;
 
 /// Opaque handle of a registered device (really `gmem::registry::Device`).
 #[repr(C)]

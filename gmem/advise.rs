@@ -1,0 +1,215 @@
+// SPDX-License-Identifier: GPL-2.0
+//! Advice (`GMEM_IOC_ADVISE`): hints kept in the region's advice map (preferred location,
+//! accessed-by, read-mostly) and actions applied page by page (prefetch, pin, unpin,
+//! dontneed). PREFETCH may run asynchronously on the system workqueue, returning a fence.
+//!
+//! Rounding: the byte range is widened outward to page bounds, except DONTNEED, which is
+//! narrowed inward so that a partly covered page keeps its data. The range must lie within
+//! one region. Lock order as in the fault paths: mmap lock -> region pages.
+
+use crate::migrate::{self, Env};
+use crate::policy::page_state::{Event, Loc, Target};
+use crate::policy::range::{self, PageRange, RangeError};
+use crate::region::{adv, Region};
+use crate::registry;
+use crate::space::Space;
+use kernel::{
+    new_mutex,
+    prelude::*,
+    sync::{Arc, Completion, Mutex},
+    workqueue::{self, impl_has_work, new_work, Work, WorkItem},
+};
+
+pub(crate) const PREFETCH: u32 = 1;
+pub(crate) const PREFERRED_LOC: u32 = 2;
+pub(crate) const UNSET_PREFERRED_LOC: u32 = 3;
+pub(crate) const ACCESSED_BY: u32 = 4;
+pub(crate) const UNSET_ACCESSED_BY: u32 = 5;
+pub(crate) const READ_MOSTLY: u32 = 6;
+pub(crate) const UNSET_READ_MOSTLY: u32 = 7;
+pub(crate) const PIN: u32 = 8;
+pub(crate) const UNPIN: u32 = 9;
+pub(crate) const DONTNEED: u32 = 10;
+pub(crate) const FLAG_ASYNC: u32 = 1;
+pub(crate) const NO_DEVICE: i32 = -1;
+pub(crate) const HOST: i32 = -2;
+
+/// A validated advice request.
+#[derive(Clone, Copy)]
+pub(crate) struct Advice {
+    pub(crate) advice: u32,
+    pub(crate) addr: u64,
+    pub(crate) len: u64,
+    pub(crate) dev: i32,
+}
+
+fn range_errno(e: RangeError) -> Error {
+    match e {
+        RangeError::Overflow => EOVERFLOW,
+        _ => EINVAL,
+    }
+}
+
+/// A registered device id from the user's `dev` field.
+fn device_id(dev: i32) -> Result<u8> {
+    let id = usize::try_from(dev).map_err(|_| EINVAL)?;
+    registry::get(id).filter(|d| d.alive()).ok_or(ENODEV)?;
+    u8::try_from(id).map_err(|_| EINVAL)
+}
+
+/// Checks everything that does not need the region; returns the target of moving advice.
+pub(crate) fn validate(a: &Advice, flags: u32) -> Result {
+    if flags & !FLAG_ASYNC != 0 || (flags & FLAG_ASYNC != 0 && a.advice != PREFETCH) {
+        return Err(EINVAL);
+    }
+    match a.advice {
+        PREFETCH | PREFERRED_LOC if a.dev == HOST => Ok(()),
+        PREFETCH | PREFERRED_LOC | ACCESSED_BY | UNSET_ACCESSED_BY | PIN => device_id(a.dev).map(|_| ()),
+        UNSET_PREFERRED_LOC | READ_MOSTLY | UNSET_READ_MOSTLY | UNPIN | DONTNEED => Ok(()),
+        _ => Err(EINVAL),
+    }
+}
+
+/// The region and page range an advice applies to.
+fn locate(space: &Space, a: &Advice) -> Result<(Arc<Region>, PageRange)> {
+    let addr = usize::try_from(a.addr).map_err(|_| EINVAL)?;
+    let region = space.region_at(addr).ok_or(ENOENT)?;
+    let (start, size) = (region.start as u64, region.len() as u64);
+    let r = if a.advice == DONTNEED {
+        range::inward(start, size, a.addr, a.len)
+    } else {
+        range::outward(start, size, a.addr, a.len)
+    }
+    .map_err(range_errno)?;
+    Ok((region, r))
+}
+
+/// Applies advice `a` in `space` (the caller checked `validate`).
+pub(crate) fn advise(space: &Space, a: &Advice) -> Result {
+    let (region, r) = locate(space, a)?;
+    let (first, count) = (r.first as usize, r.count as usize);
+    if count == 0 {
+        return Ok(());
+    }
+    let hint = |set: bool, bits: u32| -> Result {
+        let mut p = region.pages.lock();
+        let res = if set { p.advice.set(r, bits) } else { p.advice.clear(r, bits) };
+        res.map_err(|_| E2BIG)
+    };
+    match a.advice {
+        PREFERRED_LOC => {
+            let v = if a.dev == HOST { adv::PREF_HOST } else { u32::from(device_id(a.dev)?) + 1 };
+            let mut p = region.pages.lock();
+            let mut m = p.advice;
+            m.clear(r, adv::PREF_MASK).map_err(|_| E2BIG)?;
+            m.set(r, v << adv::PREF_SHIFT).map_err(|_| E2BIG)?;
+            p.advice = m;
+            Ok(())
+        }
+        UNSET_PREFERRED_LOC => hint(false, adv::PREF_MASK),
+        ACCESSED_BY => hint(true, 1 << device_id(a.dev)?),
+        UNSET_ACCESSED_BY => hint(false, 1 << device_id(a.dev)?),
+        READ_MOSTLY => hint(true, adv::READ_MOSTLY),
+        UNSET_READ_MOSTLY => hint(false, adv::READ_MOSTLY),
+        PREFETCH | PIN | UNPIN | DONTNEED => move_pages(space, &region, first, count, a),
+        _ => Err(EINVAL),
+    }
+}
+
+/// The advice that move or discard data, with the mmap lock held for CPU zaps.
+fn move_pages(space: &Space, region: &Region, first: usize, count: usize, a: &Advice) -> Result {
+    let (event, refused) = match a.advice {
+        PREFETCH if a.dev == HOST => (Event::Prefetch { to: Target::Host }, EBUSY),
+        PREFETCH => (Event::Prefetch { to: Target::Device(device_id(a.dev)?) }, EBUSY),
+        PIN => (Event::Pin { dev: device_id(a.dev)? }, EBUSY),
+        UNPIN => (Event::Unpin, EBUSY),
+        _ => (Event::DontNeed, EBUSY),
+    };
+    let mm = space.mm_user().ok_or(EFAULT)?;
+    let mmap = mm.mmap_read_lock();
+    let vma = mmap.vma_lookup(region.start).filter(|v| v.start() == region.start);
+    let mut p = region.pages.lock();
+    if p.dead {
+        return Err(ENOENT);
+    }
+    if let Event::Pin { dev } = event {
+        // A pin must fit: refuse it up front rather than fail half way.
+        let d = registry::get(dev as usize).ok_or(ENODEV)?;
+        let needed = (first..first + count).filter(|&i| p.state(i).loc() != Loc::Device(dev)).count() as u64;
+        if needed > d.nr_frames - d.frames_used() {
+            return Err(ENOSPC);
+        }
+    }
+    let r = migrate::apply_range(&Env { region, vma }, &mut p, first, count, event, refused);
+    if let (Event::Prefetch { to: Target::Device(d) }, Some(dev)) = (event, registry::get(a.dev.max(0) as usize)) {
+        if dev.id == d as usize {
+            crate::device::DevStats::add(&dev.stats.prefetched, count as u64);
+        }
+    }
+    r
+}
+
+/// An asynchronous PREFETCH: run on the system workqueue, waited for with GMEM_IOC_WAIT.
+#[pin_data]
+pub(crate) struct Fence {
+    pub(crate) id: u64,
+    space: Arc<Space>,
+    advice: Advice,
+    #[pin]
+    result: Mutex<Option<i32>>,
+    #[pin]
+    done: Completion,
+    #[pin]
+    work: Work<Fence>,
+}
+
+impl_has_work! {
+    impl HasWork<Self> for Fence { self.work }
+}
+
+impl WorkItem for Fence {
+    type Pointer = Arc<Fence>;
+
+    fn run(this: Arc<Fence>) {
+        let r = match advise(&this.space, &this.advice) {
+            Ok(()) => 0,
+            Err(e) => e.to_errno(),
+        };
+        *this.result.lock() = Some(r);
+        this.done.complete_all();
+    }
+}
+
+impl Fence {
+    /// Starts `advice` in the background.
+    pub(crate) fn start(id: u64, space: Arc<Space>, advice: Advice) -> Result<Arc<Fence>> {
+        let f = Arc::pin_init(
+            pin_init!(Fence {
+                id,
+                space,
+                advice,
+                result <- new_mutex!(None, "gmem_fence_result"),
+                done <- Completion::new(),
+                work <- new_work!("gmem_fence_work"),
+            }),
+            GFP_KERNEL,
+        )?;
+        // A fresh work item cannot be queued already.
+        let _ = workqueue::system().enqueue(f.clone());
+        Ok(f)
+    }
+
+    /// Waits for completion; returns the prefetch's result.
+    pub(crate) fn wait(&self) -> Result {
+        self.done.wait_for_completion();
+        match (*self.result.lock()).unwrap_or(EIO.to_errno()) {
+            0 => Ok(()),
+            e => Err(Error::from_errno(e)),
+        }
+    }
+}
+
+/// Validates the range of an advice without applying it (ASYNC requests fail early).
+pub(crate) fn check_range(space: &Space, a: &Advice) -> Result {
+    locate(space, a).map(|_| ())
+}

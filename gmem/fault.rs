@@ -1,0 +1,228 @@
+// SPDX-License-Identifier: GPL-2.0
+//! Fault paths. Where does a fault go?
+//! - CPU fault: `vm_fault` (the VMA's `.fault`, raw `vm_operations_struct`) -> `cpu_fault`.
+//! - Device fault: the driver calls `gmem_dev_fault()` with a batch -> `device_fault`.
+//!
+//! Both end in `migrate::apply` with the region's page lock held. Also here: the other VMA
+//! callbacks (open/close/may_split/mremap) that tie a region's life to its VMA.
+
+use crate::abi::{GmemDevHandle, GmemSpaceHandle, GMEM_ACCESS_READ, GMEM_ACCESS_WRITE};
+use crate::device::{DevStats, Device};
+use crate::migrate::{self, Env};
+use crate::policy::batch;
+use crate::policy::page_state::{transition, Event, Target};
+use crate::region::{adv, Region};
+use crate::space::{self, Space};
+use kernel::{
+    bindings,
+    ffi::{c_int, c_ulong, c_void},
+    prelude::*,
+    sync::{Arc, ArcBorrow},
+};
+
+/// Largest batch a driver may report at once.
+pub(crate) const MAX_BATCH: u32 = 4096;
+
+/// The VMA callbacks of every GMEM region.
+pub(crate) static VM_OPS: bindings::vm_operations_struct = bindings::vm_operations_struct {
+    open: Some(vm_open),
+    close: Some(vm_close),
+    may_split: Some(vm_may_split),
+    mremap: Some(vm_mremap),
+    fault: Some(vm_fault),
+    // SAFETY: all-zero is a valid `vm_operations_struct` (every other callback absent).
+    ..unsafe { core::mem::zeroed() }
+};
+
+/// The region of a GMEM VMA.
+///
+/// # Safety
+/// `vma` must be a live GMEM VMA: `vm_private_data` holds an `Arc<Region>` reference
+/// (taken in mmap or `vm_open`, given back in `vm_close`).
+unsafe fn region_of<'a>(vma: *mut bindings::vm_area_struct) -> ArcBorrow<'a, Region> {
+    // SAFETY: by the function's contract.
+    unsafe { ArcBorrow::from_raw((*vma).vm_private_data.cast::<Region>().cast_const()) }
+}
+
+/// Stores a region reference in a VMA being set up.
+///
+/// # Safety
+/// `vma` must be a VMA under construction by our mmap handler.
+pub(crate) unsafe fn attach(vma: *mut bindings::vm_area_struct, region: Arc<Region>) {
+    // SAFETY: the VMA is being set up under the mmap write lock; we own these fields.
+    unsafe {
+        (*vma).vm_ops = &VM_OPS;
+        (*vma).vm_private_data = Arc::into_raw(region).cast_mut().cast::<c_void>();
+    }
+}
+
+/// A copy of a VMA (split is refused, but mremap copies before it asks us): one more ref.
+unsafe extern "C" fn vm_open(vma: *mut bindings::vm_area_struct) {
+    // SAFETY: `vma` is a copy of a GMEM VMA, so it carries the original's pointer.
+    let r: Arc<Region> = unsafe { region_of(vma) }.into();
+    core::mem::forget(r);
+}
+
+/// The VMA goes away: drop its reference; if it is the region's own VMA, free the region.
+unsafe extern "C" fn vm_close(vma: *mut bindings::vm_area_struct) {
+    // SAFETY: `vma` is a GMEM VMA; this gives back the reference taken for it.
+    let region = unsafe { Arc::<Region>::from_raw((*vma).vm_private_data.cast::<Region>().cast_const()) };
+    // SAFETY: `vma` is valid during the callback.
+    let start = unsafe { kernel::mm::virt::VmaRef::from_raw(vma) }.start();
+    if start == region.start {
+        migrate::teardown(&region);
+    }
+}
+
+/// Partial munmap/mprotect splits are refused: a region lives and dies whole.
+unsafe extern "C" fn vm_may_split(_vma: *mut bindings::vm_area_struct, _addr: c_ulong) -> c_int {
+    EINVAL.to_errno()
+}
+
+/// Regions do not move.
+unsafe extern "C" fn vm_mremap(_vma: *mut bindings::vm_area_struct) -> c_int {
+    EINVAL.to_errno()
+}
+
+unsafe extern "C" fn vm_fault(vmf: *mut bindings::vm_fault) -> bindings::vm_fault_t {
+    // SAFETY: the kernel passes a valid fault descriptor for a GMEM VMA.
+    let (vma, addr, flags) = unsafe { ((*vmf).__bindgen_anon_1.vma, (*vmf).__bindgen_anon_1.address, (*vmf).flags) };
+    // SAFETY: the faulting VMA is a GMEM VMA (these ops are only installed on ours).
+    let region = unsafe { region_of(vma) };
+    let write = flags & bindings::fault_flag_FAULT_FLAG_WRITE != 0;
+    match cpu_fault(&region, vmf, addr as usize, write) {
+        Ok(r) => r,
+        Err(e) if e == ENOMEM => bindings::vm_fault_reason_VM_FAULT_OOM,
+        Err(_) => bindings::vm_fault_reason_VM_FAULT_SIGBUS,
+    }
+}
+
+/// CPU fault: bring the page to the host and map it. A page pinned on a device, a torn
+/// down region or an address outside the region gets SIGBUS.
+fn cpu_fault(region: &Region, vmf: *mut bindings::vm_fault, addr: usize, write: bool) -> Result<bindings::vm_fault_t> {
+    let i = region.index(addr).ok_or(EFAULT)?;
+    let mut p = region.pages.lock();
+    if p.dead {
+        return Err(EFAULT);
+    }
+    let s = p.state(i);
+    // The CPU always maps GMEM pages writable, so it does not share read-only duplicates
+    // with devices: a CPU access collapses them like a write.
+    let write = write || s.dup_mask() != 0;
+    let (next, a) = transition(s, Event::CpuFault { write }).map_err(|_| EFAULT)?;
+    Space::count(&region.space.stats.cpu_faults);
+    migrate::apply(&Env { region, vma: None }, &mut p, i, next, &a)?;
+    if !a.map_cpu {
+        return Err(EFAULT);
+    }
+    let page = p.host[i].as_ref().ok_or(EFAULT)?;
+    // SAFETY: `vmf` is the live fault descriptor; the page belongs to the region, which
+    // keeps it until it zaps this mapping (all under the page lock we hold).
+    Ok(unsafe { bindings::vmf_insert_page_mkwrite(vmf, page.as_ptr(), true) })
+}
+
+/// Device fault: services a coalesced, sorted batch of page addresses of `space` for
+/// `dev`, one 2 MiB block at a time.
+pub(crate) fn device_fault(dev: &Arc<Device>, space: &Space, addrs: &[u64], write: bool) -> Result {
+    let mm = space.mm_user().ok_or(EFAULT)?;
+    let mmap = mm.mmap_read_lock();
+    DevStats::add(&dev.stats.fault_batches, 1);
+    DevStats::add(&dev.stats.faults, addrs.len() as u64);
+    let d = u8::try_from(dev.id).map_err(|_| EINVAL)?;
+    let mut region: Option<Arc<Region>> = None;
+    for block in batch::by_block(addrs) {
+        for &a in block {
+            let a = usize::try_from(a).map_err(|_| EFAULT)?;
+            let r = match region.take() {
+                Some(r) if r.index(a).is_some() => r,
+                _ => space.region_at(a).ok_or(EFAULT)?,
+            };
+            let i = r.index(a).ok_or(EFAULT)?;
+            let vma = mmap.vma_lookup(a).filter(|v| v.start() == r.start);
+            {
+                let mut p = r.pages.lock();
+                if p.dead {
+                    return Err(EFAULT);
+                }
+                if !dev.alive() {
+                    return Err(ENODEV);
+                }
+                let bits = p.advice.get(i as u64);
+                let accessed_by =
+                    bits & (1 << d) != 0 || adv::preferred(bits) == Some(Target::Host);
+                let ev = Event::DevFault { dev: d, write, read_mostly: bits & adv::READ_MOSTLY != 0, accessed_by };
+                let (next, acts) = transition(p.state(i), ev).map_err(|_| EBUSY)?;
+                Space::count(&space.stats.dev_faults);
+                migrate::apply(&Env { region: &r, vma }, &mut p, i, next, &acts)?;
+            }
+            region = Some(r);
+        }
+    }
+    Ok(())
+}
+
+/// Borrows the device behind a C handle as an `Arc`.
+///
+/// # Safety
+/// `dev` must be a live handle from `gmem_dev_register`.
+pub(crate) unsafe fn device_of(dev: *mut GmemDevHandle) -> Arc<Device> {
+    // SAFETY: a live handle is an `Arc<Device>` reference held by the driver.
+    unsafe { ArcBorrow::from_raw(dev.cast::<Device>().cast_const()) }.into()
+}
+
+/// `gmem_dev_fault()` of the C ABI.
+///
+/// # Safety
+/// `dev` and `space` must be live handles; `addrs` must be valid for `n` reads.
+#[no_mangle]
+pub(crate) unsafe extern "C" fn gmem_dev_fault(
+    dev: *mut GmemDevHandle,
+    space: *mut GmemSpaceHandle,
+    addrs: *const u64,
+    n: u32,
+    access: u32,
+) -> c_int {
+    let valid_access = access & !(GMEM_ACCESS_READ | GMEM_ACCESS_WRITE) == 0 && access != 0;
+    if dev.is_null() || space.is_null() || addrs.is_null() || n == 0 || n > MAX_BATCH || !valid_access {
+        return EINVAL.to_errno();
+    }
+    let r = (|| -> Result {
+        let mut v = KVec::with_capacity(n as usize, GFP_KERNEL)?;
+        // SAFETY: `addrs` is valid for `n` reads by the caller's contract.
+        let src = unsafe { core::slice::from_raw_parts(addrs, n as usize) };
+        v.extend_from_slice(src, GFP_KERNEL)?;
+        let k = batch::coalesce(&mut v);
+        // SAFETY: live handles by the caller's contract.
+        let (dev, space) = unsafe { (device_of(dev), space::from_handle(space)) };
+        device_fault(&dev, space, &v[..k], access & GMEM_ACCESS_WRITE != 0)
+    })();
+    match r {
+        Ok(()) => 0,
+        Err(e) => e.to_errno(),
+    }
+}
+
+#[kunit_tests(gmem_fault)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batch_coalescing_sorts_aligns_and_dedups() {
+        let mut v = [0x5003u64, 0x1000, 0x5fff, 0x1001, 0x20_0000, 0x3000];
+        let k = batch::coalesce(&mut v);
+        assert_eq!(&v[..k], &[0x1000, 0x3000, 0x5000, 0x20_0000]);
+        let blocks: usize = batch::by_block(&v[..k]).count();
+        assert_eq!(blocks, 2);
+    }
+
+    #[test]
+    fn dev_fault_rejects_bad_arguments() {
+        let a = [0u64];
+        // SAFETY: null handles are rejected before any use.
+        let r = unsafe { gmem_dev_fault(core::ptr::null_mut(), core::ptr::null_mut(), a.as_ptr(), 1, 1) };
+        assert_eq!(r, EINVAL.to_errno());
+        // SAFETY: as above; n == 0 and bad access are rejected first too.
+        let r = unsafe { gmem_dev_fault(core::ptr::null_mut(), core::ptr::null_mut(), a.as_ptr(), 0, 1) };
+        assert_eq!(r, EINVAL.to_errno());
+    }
+}

@@ -1,0 +1,243 @@
+// SPDX-License-Identifier: GPL-2.0
+//! Migration: carries out the [`Actions`] that the page-state machine
+//! (`policy/src/page_state.rs`) decided for one page. Every fault, advice and teardown path
+//! ends here, with the region's page lock held.
+//!
+//! Order of work (deliberately not the field order of `Actions`): allocate first (so a
+//! failure changes nothing), then revoke every mapping of the old copy (CPU and devices),
+//! then copy, then free what the old placement held, then commit the new state, then map.
+//! Revoking before copying means no processor can write the old copy after it was read.
+
+use crate::abi::{GmemCopy, GmemPte, GMEM_COPY_D2D, GMEM_COPY_D2H, GMEM_COPY_H2D, GMEM_COPY_ZERO};
+use crate::abi::{GMEM_PROT_READ, GMEM_PROT_WRITE};
+use crate::device::{DevStats, Device, DeviceOps};
+use crate::policy::page_state::{Actions, Copy, Loc, PageState};
+use crate::region::{devices_in, Dup, Pages, Region, PAGE_SIZE};
+use crate::registry;
+use kernel::{mm::virt::VmaRef, page::Page, prelude::*, sync::Arc};
+
+/// Where a page's mappings live besides the region itself.
+pub(crate) struct Env<'a> {
+    pub(crate) region: &'a Region,
+    /// The region's VMA, with the mmap lock held, when CPU mappings may have to be zapped.
+    pub(crate) vma: Option<&'a VmaRef>,
+}
+
+fn device(id: u8) -> Result<Arc<Device>> {
+    registry::get(id as usize).ok_or(ENODEV)
+}
+
+fn host_ptr(p: &Pages, i: usize) -> Result<*mut kernel::bindings::page> {
+    p.host[i].as_ref().map(|pg| pg.as_ptr()).ok_or(EINVAL)
+}
+
+/// Frees what step 1/2 allocated when a later step fails.
+fn undo(p: &mut Pages, i: usize, new_host: bool, new_frame: &Option<(Arc<Device>, u32)>) {
+    if new_host {
+        p.host[i] = None;
+    }
+    if let Some((d, f)) = new_frame {
+        d.free_frame(*f);
+    }
+}
+
+/// Applies the transition `p.state(i) -> next` whose actions are `a`.
+///
+/// On error before the commit point the page keeps its old state and nothing allocated is
+/// kept (mappings may have been revoked: they come back on the next fault).
+pub(crate) fn apply(env: &Env<'_>, p: &mut Pages, i: usize, next: PageState, a: &Actions) -> Result {
+    let region = env.region;
+    let space = &region.space;
+    let va = region.va(i);
+    let old_frame = p.frame[i];
+
+    // 1. Host page (zeroed, charged to the process's memcg).
+    let mut new_host = false;
+    if a.alloc_host && p.host[i].is_none() {
+        let page = Page::alloc_page(GFP_KERNEL_ACCOUNT | __GFP_ZERO).map_err(|_| ENOMEM)?;
+        p.host[i] = Some(page);
+        new_host = true;
+    }
+    // 2. Device frame; a frame that becomes a duplicate needs room in the side list.
+    let mut new_frame = None;
+    if let Some(d) = a.alloc_frame {
+        let r = device(d).and_then(|dev| {
+            if next.loc() != Loc::Device(d) {
+                p.dups.reserve(1, GFP_KERNEL)?;
+            }
+            let f = dev.alloc_frame()?;
+            Ok((dev, f))
+        });
+        match r {
+            Ok(nf) => new_frame = Some(nf),
+            Err(e) => {
+                undo(p, i, new_host, &None);
+                return Err(e);
+            }
+        }
+    }
+
+    // 4. Revoke the CPU mapping, 5. then device mappings (before the copy, see above).
+    if a.zap_cpu {
+        if let Some(vma) = env.vma {
+            vma.zap_vma_range(va as usize, PAGE_SIZE);
+        }
+    }
+    for d in devices_in(a.unmap_dev) {
+        if let Ok(dev) = device(d) {
+            if let Some(ctx) = space.ctx_if_any(&dev) {
+                dev.drv.unmap(ctx, va, 1);
+                dev.drv.tlb_invalidate(ctx, va, 1);
+            }
+        }
+    }
+
+    // 3. Data.
+    let nf = new_frame.as_ref().map(|(_, f)| u64::from(*f)).unwrap_or(0);
+    let r = match a.copy {
+        Copy::None => Ok(()),
+        Copy::ZeroHost => {
+            if !new_host {
+                if let Some(pg) = p.host[i].as_ref() {
+                    // SAFETY: the page is owned by the region and its CPU mapping (if any)
+                    // is the only other user; we hold the page lock.
+                    unsafe { pg.fill_zero_raw(0, PAGE_SIZE) }?;
+                }
+            }
+            Ok(())
+        }
+        Copy::ZeroDev(d) => device(d).and_then(|dev| {
+            DevStats::add(&dev.stats.pages_zeroed, 1);
+            let c = GmemCopy { host: core::ptr::null_mut(), frame: nf, peer_frame: 0 };
+            dev.drv.copy(GMEM_COPY_ZERO, &[c], None)
+        }),
+        Copy::H2D(d) => device(d).and_then(|dev| {
+            DevStats::add(&dev.stats.pages_h2d, 1);
+            let c = GmemCopy { host: host_ptr(p, i)?, frame: nf, peer_frame: 0 };
+            dev.drv.copy(GMEM_COPY_H2D, &[c], None)
+        }),
+        Copy::D2H(o) => device(o).and_then(|dev| {
+            DevStats::add(&dev.stats.pages_d2h, 1);
+            let c = GmemCopy { host: host_ptr(p, i)?, frame: u64::from(old_frame), peer_frame: 0 };
+            dev.drv.copy(GMEM_COPY_D2H, &[c], None)
+        }),
+        Copy::D2D { from, to } => device(from).and_then(|src| {
+            let dst = device(to)?;
+            DevStats::add(&src.stats.pages_d2d, 1);
+            let c = GmemCopy { host: core::ptr::null_mut(), frame: u64::from(old_frame), peer_frame: nf };
+            src.drv.copy(GMEM_COPY_D2D, &[c], Some(&dst.drv))
+        }),
+    };
+    if let Err(e) = r {
+        undo(p, i, new_host, &new_frame);
+        return Err(e);
+    }
+
+    // 6. Release the old placement.
+    if let Some(o) = a.free_frame {
+        if let Ok(dev) = device(o) {
+            dev.free_frame(old_frame);
+        }
+    }
+    for d in devices_in(a.free_dup_frames) {
+        if let Some(f) = p.take_dup(i, d) {
+            if let Ok(dev) = device(d) {
+                dev.free_frame(f);
+            }
+        }
+    }
+    if let Some((dev, f)) = new_frame {
+        if next.loc() == Loc::Device(dev.id as u8) {
+            p.frame[i] = f;
+        } else {
+            // Room was reserved in step 2.
+            let _ = p.dups.push(Dup { page: i, dev: dev.id as u8, frame: f }, GFP_NOWAIT);
+        }
+    }
+    // 7.
+    if a.free_host {
+        p.host[i] = None;
+    }
+    // Commit.
+    p.state[i] = next.bits();
+
+    // 8. Device mapping (a failure here leaves a consistent, merely unmapped page).
+    if let Some(m) = a.map_dev {
+        let dev = device(m.dev)?;
+        let ctx = space.ctx(&dev)?;
+        let prot = GMEM_PROT_READ | if m.writable { GMEM_PROT_WRITE } else { 0 };
+        let pte = if m.remote_host {
+            DevStats::add(&dev.stats.remote_maps, 1);
+            GmemPte { va, frame: 0, host: host_ptr(p, i)?, prot, pad: 0 }
+        } else {
+            let frame = if next.loc() == Loc::Device(m.dev) {
+                p.frame[i]
+            } else {
+                p.dup_frame(i, m.dev).ok_or(EINVAL)?
+            };
+            GmemPte { va, frame: u64::from(frame), host: core::ptr::null_mut(), prot, pad: 0 }
+        };
+        dev.drv.map(ctx, &[pte])?;
+    }
+    Ok(())
+}
+
+/// Applies `event` to every page of `pages` in `range` (advice and teardown paths).
+/// Refused transitions are reported with `refused`; stops at the first execution error.
+pub(crate) fn apply_range(
+    env: &Env<'_>,
+    p: &mut Pages,
+    first: usize,
+    count: usize,
+    event: crate::policy::page_state::Event,
+    refused: Error,
+) -> Result {
+    use crate::policy::page_state::transition;
+    for i in first..first + count {
+        let s = p.state(i);
+        let (next, a) = transition(s, event).map_err(|_| refused)?;
+        if next != s || a != Actions::default() {
+            apply(env, p, i, next, &a)?;
+        }
+    }
+    Ok(())
+}
+
+/// Releases everything a region holds (VMA close: munmap, FREE, exit). Idempotent.
+pub(crate) fn teardown(region: &Region) {
+    use crate::policy::page_state::Event;
+    region.space.remove_region(region);
+    let mut p = region.pages.lock();
+    if p.dead {
+        return;
+    }
+    p.dead = true;
+    let env = Env { region, vma: None };
+    if let Err(e) = apply_range(&env, &mut p, 0, region.npages, Event::Free, EINVAL) {
+        pr_err!("teardown of region {:#x} failed: {:?}\n", region.start, e);
+    }
+}
+
+/// Moves everything `dev` holds in `region` to the host (device unregistration).
+pub(crate) fn evacuate(region: &Region, dev: &Device) -> Result {
+    use crate::policy::page_state::{transition, Event};
+    let mut p = region.pages.lock();
+    if p.dead {
+        return Ok(());
+    }
+    let env = Env { region, vma: None };
+    let d = dev.id as u8;
+    let mut moved = 0u64;
+    for i in 0..region.npages {
+        let s = p.state(i);
+        let involved = s.loc() == Loc::Device(d) || (s.dup_mask() | s.remote_mask()) & (1 << d) != 0;
+        if !involved {
+            continue;
+        }
+        let (next, a) = transition(s, Event::DeviceGone { dev: d }).map_err(|_| EINVAL)?;
+        apply(&env, &mut p, i, next, &a)?;
+        moved += 1;
+    }
+    DevStats::add(&dev.stats.evictions, moved);
+    Ok(())
+}

@@ -1,0 +1,274 @@
+// SPDX-License-Identifier: GPL-2.0
+//! Address space: one per process (per `mm`) that opened `/dev/gmem`. It holds the
+//! process's regions, found by address in O(log n) through a maple tree, and one device
+//! context (device page table) per device that touched the space. Several devices may be
+//! attached to one space at once.
+//!
+//! Lock order: mmap lock -> `SPACES` -> (maple tree's internal lock, leaf) ;
+//! mmap lock -> region pages (`Region::pages`) -> `Space::ctxs` -> `Device::frames`.
+
+use crate::abi::GmemSpaceHandle;
+use crate::device::{Ctx, Device, DeviceOps};
+use crate::region::Region;
+use crate::registry::MAX_DEVICES;
+use core::sync::atomic::{AtomicU64, Ordering};
+use kernel::{
+    maple_tree::MapleTree,
+    mm::{Mm, MmWithUser},
+    new_mutex,
+    prelude::*,
+    sync::{aref::ARef, global_lock, Arc, Mutex},
+};
+
+/// Per-space counters.
+#[derive(Default)]
+pub(crate) struct SpaceStats {
+    pub(crate) cpu_faults: AtomicU64,
+    pub(crate) dev_faults: AtomicU64,
+}
+
+#[pin_data(PinnedDrop)]
+pub(crate) struct Space {
+    pub(crate) id: u64,
+    mm: ARef<Mm>,
+    /// Regions by address range `[start, end]`.
+    #[pin]
+    regions: MapleTree<Arc<Region>>,
+    /// Device contexts by device id.
+    #[pin]
+    ctxs: Mutex<[Option<(Arc<Device>, Ctx)>; MAX_DEVICES]>,
+    pub(crate) stats: SpaceStats,
+}
+
+// SAFETY: every field is thread-safe; the maple tree (whose Rust abstraction does not
+// declare it) serialises all access through its internal `ma_lock` and stores `Arc<Region>`,
+// which is `Send + Sync`.
+unsafe impl Send for Space {}
+// SAFETY: as above.
+unsafe impl Sync for Space {}
+
+struct SpaceEntry {
+    space: Arc<Space>,
+    files: usize,
+}
+
+struct Spaces {
+    list: KVec<SpaceEntry>,
+    next_id: u64,
+}
+
+global_lock! {
+    // SAFETY: initialised by `init()` in module init before any use.
+    unsafe(uninit) static SPACES: Mutex<Spaces> = Spaces { list: KVec::new(), next_id: 1 };
+}
+
+pub(crate) fn init() {
+    // SAFETY: called exactly once from module init.
+    unsafe { SPACES.init() };
+}
+
+/// The space of `mm`, created on first open; every call must be paired with [`release`].
+pub(crate) fn open(mm: &Mm) -> Result<Arc<Space>> {
+    let mut s = SPACES.lock();
+    if let Some(e) = s.list.iter_mut().find(|e| core::ptr::eq(e.space.mm.as_raw(), mm.as_raw())) {
+        e.files += 1;
+        return Ok(e.space.clone());
+    }
+    let id = s.next_id;
+    let space = Arc::pin_init(
+        try_pin_init!(Space {
+            id,
+            mm: ARef::from(mm),
+            regions <- MapleTree::new(),
+            ctxs <- new_mutex!([const { None }; MAX_DEVICES], "gmem_space_ctxs"),
+            stats: SpaceStats::default(),
+        }),
+        GFP_KERNEL,
+    )?;
+    s.list.push(SpaceEntry { space: space.clone(), files: 1 }, GFP_KERNEL)?;
+    s.next_id += 1;
+    Ok(space)
+}
+
+/// Drops one open of `space`; the last one forgets it (the `Arc` may live on in drivers).
+pub(crate) fn release(space: &Arc<Space>) {
+    let mut s = SPACES.lock();
+    if let Some(i) = s.list.iter().position(|e| Arc::ptr_eq(&e.space, space)) {
+        s.list[i].files -= 1;
+        if s.list[i].files == 0 {
+            let _ = s.list.remove(i);
+        }
+    }
+}
+
+/// The space of the calling process, if it has opened `/dev/gmem`.
+pub(crate) fn current() -> Option<Arc<Space>> {
+    let task = kernel::current!();
+    let mm = task.mm()?;
+    let s = SPACES.lock();
+    s.list.iter().find(|e| core::ptr::eq(e.space.mm.as_raw(), mm.as_raw())).map(|e| e.space.clone())
+}
+
+/// Every space (for device unregistration).
+pub(crate) fn all() -> Result<KVec<Arc<Space>>> {
+    let s = SPACES.lock();
+    let mut v = KVec::with_capacity(s.list.len(), GFP_KERNEL)?;
+    for e in s.list.iter() {
+        v.push(e.space.clone(), GFP_KERNEL)?;
+    }
+    Ok(v)
+}
+
+impl Space {
+    /// True if the calling task runs in this space's `mm`.
+    pub(crate) fn is_current(&self) -> bool {
+        let task = kernel::current!();
+        task.mm().is_some_and(|mm| core::ptr::eq(mm.as_raw(), self.mm.as_raw()))
+    }
+
+    pub(crate) fn mm(&self) -> &Mm {
+        &self.mm
+    }
+
+    /// A reference on the address space's users, or `None` if the process is exiting.
+    pub(crate) fn mm_user(&self) -> Option<ARef<MmWithUser>> {
+        self.mm.mmget_not_zero()
+    }
+
+    /// The region containing `addr`.
+    pub(crate) fn region_at(&self, addr: usize) -> Option<Arc<Region>> {
+        let mut g = self.regions.lock();
+        g.load(addr).map(|r| Arc::from(r))
+    }
+
+    pub(crate) fn insert_region(&self, region: Arc<Region>) -> Result {
+        let end = region.end() - 1;
+        self.regions.insert_range(region.start..=end, region, GFP_KERNEL)?;
+        Ok(())
+    }
+
+    /// Forgets the region that starts at `start` (if it is that region).
+    pub(crate) fn remove_region(&self, region: &Region) {
+        let mut g = self.regions.lock();
+        let same = g.load(region.start).is_some_and(|r| core::ptr::eq(&*r, region));
+        drop(g);
+        if same {
+            drop(self.regions.erase(region.start));
+        }
+    }
+
+    /// The region after the one ending at `from` (iteration without holding any lock).
+    pub(crate) fn next_region(&self, from: usize) -> Option<Arc<Region>> {
+        let mut g = self.regions.lock();
+        let mut mas = g.ma_state(from, usize::MAX);
+        mas.find(usize::MAX).map(|r| Arc::from(r))
+    }
+
+    /// The context of `dev` in this space, created on first use.
+    pub(crate) fn ctx(&self, dev: &Arc<Device>) -> Result<Ctx> {
+        let mut ctxs = self.ctxs.lock();
+        let slot = ctxs.get_mut(dev.id).ok_or(EINVAL)?;
+        if let Some((d, c)) = slot {
+            if Arc::ptr_eq(d, dev) {
+                return Ok(*c);
+            }
+        }
+        if !dev.alive() {
+            return Err(ENODEV);
+        }
+        let c = dev.drv.ctx_create()?;
+        *slot = Some((dev.clone(), c));
+        Ok(c)
+    }
+
+    /// The context of `dev` if one exists (no creation).
+    pub(crate) fn ctx_if_any(&self, dev: &Device) -> Option<Ctx> {
+        let ctxs = self.ctxs.lock();
+        match ctxs.get(dev.id)? {
+            Some((d, c)) if core::ptr::eq(&**d, dev) => Some(*c),
+            _ => None,
+        }
+    }
+
+    /// Destroys the context of `dev` (device unregistration, after evacuation).
+    pub(crate) fn drop_ctx(&self, dev: &Device) {
+        let taken = {
+            let mut ctxs = self.ctxs.lock();
+            match ctxs.get_mut(dev.id) {
+                Some(slot) if slot.as_ref().is_some_and(|(d, _)| core::ptr::eq(&**d, dev)) => slot.take(),
+                _ => None,
+            }
+        };
+        if let Some((d, c)) = taken {
+            d.drv.ctx_destroy(c);
+        }
+    }
+
+    pub(crate) fn count(c: &AtomicU64) {
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+#[pinned_drop]
+impl PinnedDrop for Space {
+    fn drop(self: Pin<&mut Self>) {
+        let mut ctxs = self.ctxs.lock();
+        for slot in ctxs.iter_mut() {
+            if let Some((d, c)) = slot.take() {
+                d.drv.ctx_destroy(c);
+            }
+        }
+    }
+}
+
+/// `gmem_space_get_current()` of the C ABI.
+#[no_mangle]
+pub(crate) extern "C" fn gmem_space_get_current() -> *mut GmemSpaceHandle {
+    match current() {
+        Some(s) => Arc::into_raw(s).cast_mut().cast(),
+        None => ENOENT.to_ptr(),
+    }
+}
+
+/// `gmem_space_put()` of the C ABI.
+///
+/// # Safety
+/// `space` must be a reference obtained from `gmem_space_get_current`, put once.
+#[no_mangle]
+pub(crate) unsafe extern "C" fn gmem_space_put(space: *mut GmemSpaceHandle) {
+    if space.is_null() || kernel::error::from_err_ptr(space).is_err() {
+        return;
+    }
+    // SAFETY: the handle came from `Arc::into_raw` in `gmem_space_get_current`, and the
+    // caller gives this reference back exactly once.
+    drop(unsafe { Arc::<Space>::from_raw(space.cast::<Space>().cast_const()) });
+}
+
+/// Borrows the space behind a C handle.
+///
+/// # Safety
+/// `space` must be a live reference from `gmem_space_get_current`.
+pub(crate) unsafe fn from_handle<'a>(space: *mut GmemSpaceHandle) -> &'a Space {
+    // SAFETY: by the caller's contract the handle is a live `Arc<Space>` reference.
+    unsafe { &*space.cast::<Space>().cast_const() }
+}
+
+/// `gmem_space_ctx()` of the C ABI.
+///
+/// # Safety
+/// `dev` and `space` must be live handles.
+#[no_mangle]
+pub(crate) unsafe extern "C" fn gmem_space_ctx(
+    dev: *mut crate::abi::GmemDevHandle,
+    space: *mut GmemSpaceHandle,
+) -> *mut kernel::ffi::c_void {
+    if dev.is_null() || space.is_null() {
+        return EINVAL.to_ptr();
+    }
+    // SAFETY: live handles by the caller's contract.
+    let (dev, space) = unsafe { (crate::fault::device_of(dev), from_handle(space)) };
+    match space.ctx(&dev) {
+        Ok(c) => c.0,
+        Err(e) => e.to_ptr(),
+    }
+}

@@ -1,0 +1,55 @@
+/* SPDX-License-Identifier: GPL-2.0 WITH Linux-syscall-note */
+/*
+ * gmem_sim: the simulated accelerator's own user API (/dev/gmem_simN). Userspace launches
+ * "kernels" on the device; they access memory only through the device's page table, raise
+ * device faults to gmem in batches, and return results so tests can verify data.
+ *
+ * Data is handled as little-endian u32 words; a and b must be 4-byte aligned and len a
+ * multiple of 4. The checksum is FNV-1a over words:
+ *   h = 0xcbf29ce484222325; for each word w: h = (h ^ w) * 0x100000001b3 (mod 2^64)
+ */
+#ifndef _UAPI_LINUX_GMEM_SIM_H
+#define _UAPI_LINUX_GMEM_SIM_H
+
+#include <linux/ioctl.h>
+#include <linux/types.h>
+
+#define GMEM_SIM_K_FILL		1	/* a[i] = value + i */
+#define GMEM_SIM_K_CHECKSUM	2	/* result = checksum(a[0..len)) */
+#define GMEM_SIM_K_COPY		3	/* b[i] = a[i] */
+#define GMEM_SIM_K_AXPY		4	/* b[i] = value * a[i] + b[i] (mod 2^32) */
+#define GMEM_SIM_K_TOUCH	5	/* count random pages of [a, a+len): read word 0, or
+					   with GMEM_SIM_F_WRITE increment it; result = sum read */
+
+#define GMEM_SIM_F_WRITE	(1u << 0)
+
+struct gmem_sim_launch {
+	__u32 argsz;		/* sizeof(struct gmem_sim_launch) */
+	__u32 kernel;
+	__u32 flags;
+	__u32 value;
+	__u64 a;
+	__u64 b;
+	__u64 len;		/* bytes */
+	__u64 seed;		/* TOUCH */
+	__u64 count;		/* TOUCH */
+	__u64 result;		/* out */
+	__u64 faults;		/* out: pages reported to gmem as device faults */
+	__u64 batches;		/* out: fault batches reported */
+	__u64 reserved[2];
+};
+
+struct gmem_sim_info {
+	__u32 argsz;
+	__s32 gmem_id;		/* out: the device id in the GMEM user API */
+	__u64 nr_frames;	/* out: device memory, 4 KiB frames */
+	__u64 ptes;		/* out: valid PTEs over all contexts */
+	__u64 copies;		/* out: pages copied by the copy engine */
+	__u64 tlb_flushes;	/* out */
+	__u64 reserved[2];
+};
+
+#define GMEM_SIM_IOC_LAUNCH	_IOWR('S', 0x01, struct gmem_sim_launch)
+#define GMEM_SIM_IOC_INFO	_IOWR('S', 0x02, struct gmem_sim_info)
+
+#endif /* _UAPI_LINUX_GMEM_SIM_H */
