@@ -15,7 +15,7 @@ export PATH := $(CARGO_HOME)/bin:$(PATH)
 export LIBCLANG_PATH ?= /usr/lib/llvm-19/lib
 GUEST_TIMEOUT_std := 600
 GUEST_TIMEOUT_debug := 1800
-SUITES := gmem_layout gmem_registry
+SUITES := gmem_layout gmem_registry gmem_fault gmem_sim_pt
 USER_BINS := gmem-tests
 
 .PHONY: all deps kernel modules user initramfs run check check-debug host-test clean FORCE

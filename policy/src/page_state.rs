@@ -97,7 +97,7 @@ pub enum Event {
     CpuFault { write: bool },
     /// Device page fault with the advice in force for the page and device.
     DevFault { dev: u8, write: bool, read_mostly: bool, accessed_by: bool },
-    /// Move the data without mapping it anywhere.
+    /// Move the data; a page moved to a device is mapped there (never on the CPU).
     Prefetch { to: Target },
     /// Migrate to `dev` (if not there) and pin.
     Pin { dev: u8 },
@@ -564,6 +564,10 @@ fn prefetch(f: Fields, to: Target, a: &mut Actions) -> Result<Fields, Refused> {
         (Loc::Device(o), Target::Host) => dev_to_host(f, o, a),
         (Loc::Device(o), Target::Device(d)) => dev_to_dev(f, o, d, a),
     };
+    // A page moved to a device is mapped there too, so the device does not fault on it.
+    if let (Target::Device(d), true) = (to, n.loc != f.loc) {
+        a.map_dev = Some(DevMap { dev: d, writable: n.dup == 0, remote_host: false });
+    }
     Ok(n)
 }
 
@@ -736,7 +740,7 @@ mod tests {
         let (s, a) = go(PageState::EMPTY, Event::Pin { dev: 7 });
         assert_eq!((s.loc(), s.pinned()), (Loc::Device(7), true));
         assert_eq!(a.copy, Copy::ZeroDev(7));
-        assert_eq!(a.map_dev, None);
+        assert_eq!(a.map_dev, Some(DevMap { dev: 7, writable: true, remote_host: false }));
         assert_eq!(transition(s, Event::Evict), Err(Refused::Pinned));
         assert_eq!(transition(s, Event::DontNeed), Err(Refused::Pinned));
         assert_eq!(transition(s, Event::CpuFault { write: false }), Err(Refused::Pinned));
@@ -766,6 +770,17 @@ mod tests {
         ] {
             assert_eq!(transition(PageState::EMPTY, e), Err(Refused::BadDevice), "{e:?}");
         }
+    }
+
+    #[test]
+    fn prefetch_to_a_device_maps_it_there() {
+        let (h, _) = go(PageState::EMPTY, Event::CpuFault { write: true });
+        let (s, a) = go(h, Event::Prefetch { to: Target::Device(2) });
+        assert_eq!(s.loc(), Loc::Device(2));
+        assert_eq!(a.map_dev, Some(DevMap { dev: 2, writable: true, remote_host: false }));
+        assert!(a.zap_cpu && !a.map_cpu);
+        let (_, p) = go(PageState::EMPTY, Event::Pin { dev: 1 });
+        assert_eq!(p.map_dev, Some(DevMap { dev: 1, writable: true, remote_host: false }));
     }
 
     #[test]

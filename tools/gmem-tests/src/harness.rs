@@ -115,3 +115,56 @@ pub fn run(tests: &[Test]) -> usize {
     }
     failed
 }
+
+/// Runs `f` in a child process; returns the signal that killed it, or None if it exited.
+pub fn child_signal(f: impl FnOnce()) -> Option<i32> {
+    // SAFETY: fork/waitpid; the child only runs `f` and exits.
+    unsafe {
+        let pid = libc::fork();
+        if pid == 0 {
+            f();
+            libc::_exit(0);
+        }
+        let mut status = 0;
+        libc::waitpid(pid, &mut status, 0);
+        libc::WIFSIGNALED(status).then(|| libc::WTERMSIG(status))
+    }
+}
+
+/// Runs `f` in a child process and returns its exit code (f's return value).
+pub fn child_exit(f: impl FnOnce() -> i32) -> i32 {
+    // SAFETY: fork/waitpid; the child only runs `f` and exits.
+    unsafe {
+        let pid = libc::fork();
+        if pid == 0 {
+            let c = f();
+            libc::_exit(c);
+        }
+        let mut status = 0;
+        libc::waitpid(pid, &mut status, 0);
+        if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { 128 + libc::WTERMSIG(status) }
+    }
+}
+
+/// The region's memory as u32 words.
+pub fn words(r: &libgmem::Region<'_>) -> &'static mut [u32] {
+    // SAFETY: the region is mapped read/write for its whole length while it lives; tests
+    // drop the slice before the region.
+    unsafe { std::slice::from_raw_parts_mut(r.as_ptr().cast::<u32>(), r.len / 4) }
+}
+
+pub fn open() -> Result<(libgmem::Gmem, libgmem::sim::Sim), String> {
+    let g = libgmem::Gmem::open().map_err(|e| format!("open /dev/gmem: {e}"))?;
+    let s = libgmem::sim::Sim::open(0).map_err(|e| format!("open /dev/gmem_sim0: {e}"))?;
+    Ok((g, s))
+}
+
+/// Every page of `states` has location `loc` (and device `dev` for LOC_DEVICE).
+pub fn all_at(states: &[u32], loc: u32, dev: u32) -> Result<(), String> {
+    for (i, &w) in states.iter().enumerate() {
+        if libgmem::q_loc(w) != loc || (loc == libgmem::GMEM_LOC_DEVICE && libgmem::q_dev(w) != dev) {
+            return Err(format!("page {i}: state {w:#x}, expected loc {loc} dev {dev}"));
+        }
+    }
+    Ok(())
+}

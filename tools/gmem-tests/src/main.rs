@@ -6,13 +6,21 @@
 //! Usage: gmem-tests [substring-filter]
 
 mod harness;
+mod t_advise;
+mod t_bad;
 mod t_basic;
+mod t_core;
+mod t_proc;
 
 use harness::Test;
 
 fn all_tests() -> Vec<Test> {
     let mut v = Vec::new();
     v.extend(t_basic::tests());
+    v.extend(t_core::tests());
+    v.extend(t_advise::tests());
+    v.extend(t_bad::tests());
+    v.extend(t_proc::tests()); // last: reloads the simulated driver
     v
 }
 

@@ -1,0 +1,143 @@
+// SPDX-License-Identifier: GPL-2.0
+//! The simulated accelerator's user API (`include/uapi/linux/gmem_sim.h`): launch kernels
+//! on `/dev/gmem_simN` and read their results.
+
+use crate::{argsz, ioctl_raw, Errno, Result};
+use std::fs::{File, OpenOptions};
+use std::os::fd::AsRawFd;
+
+pub const K_FILL: u32 = 1;
+pub const K_CHECKSUM: u32 = 2;
+pub const K_COPY: u32 = 3;
+pub const K_AXPY: u32 = 4;
+pub const K_TOUCH: u32 = 5;
+pub const F_WRITE: u32 = 1;
+
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SimLaunch {
+    pub argsz: u32,
+    pub kernel: u32,
+    pub flags: u32,
+    pub value: u32,
+    pub a: u64,
+    pub b: u64,
+    pub len: u64,
+    pub seed: u64,
+    pub count: u64,
+    pub result: u64,
+    pub faults: u64,
+    pub batches: u64,
+    pub reserved: [u64; 2],
+}
+
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SimInfo {
+    pub argsz: u32,
+    pub gmem_id: i32,
+    pub nr_frames: u64,
+    pub ptes: u64,
+    pub copies: u64,
+    pub tlb_flushes: u64,
+    pub reserved: [u64; 2],
+}
+
+const fn iowr_s(nr: u64, size: usize) -> u64 {
+    (3u64 << 30) | ((size as u64) << 16) | ((b'S' as u64) << 8) | nr
+}
+pub const GMEM_SIM_IOC_LAUNCH: u64 = iowr_s(0x01, std::mem::size_of::<SimLaunch>());
+pub const GMEM_SIM_IOC_INFO: u64 = iowr_s(0x02, std::mem::size_of::<SimInfo>());
+
+/// FNV-1a over little-endian u32 words: the device's CHECKSUM kernel, computed on the CPU.
+pub fn checksum(words: &[u32]) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for &w in words {
+        h = (h ^ u64::from(w)).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// An open simulated device.
+pub struct Sim {
+    file: File,
+}
+
+/// What a kernel reported back.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Outcome {
+    pub result: u64,
+    pub faults: u64,
+    pub batches: u64,
+}
+
+impl Sim {
+    pub fn open(n: usize) -> std::io::Result<Sim> {
+        Ok(Sim { file: OpenOptions::new().read(true).write(true).open(format!("/dev/gmem_sim{n}"))? })
+    }
+
+    pub fn launch_raw(&self, l: &mut SimLaunch) -> Result<()> {
+        // SAFETY: `SimLaunch` is the argument of GMEM_SIM_IOC_LAUNCH.
+        unsafe { ioctl_raw(self.file.as_raw_fd(), GMEM_SIM_IOC_LAUNCH, l) }.map(|_| ())
+    }
+
+    fn launch(&self, kernel: u32, flags: u32, value: u32, a: u64, b: u64, len: u64, seed: u64, count: u64) -> Result<Outcome> {
+        let mut l = SimLaunch { argsz: argsz::<SimLaunch>(), kernel, flags, value, a, b, len, seed, count, ..Default::default() };
+        self.launch_raw(&mut l)?;
+        Ok(Outcome { result: l.result, faults: l.faults, batches: l.batches })
+    }
+
+    /// a[i] = value + i over `len` bytes.
+    pub fn fill(&self, a: u64, len: u64, value: u32) -> Result<Outcome> {
+        self.launch(K_FILL, 0, value, a, 0, len, 0, 0)
+    }
+
+    pub fn checksum(&self, a: u64, len: u64) -> Result<Outcome> {
+        self.launch(K_CHECKSUM, 0, 0, a, 0, len, 0, 0)
+    }
+
+    pub fn copy(&self, src: u64, dst: u64, len: u64) -> Result<Outcome> {
+        self.launch(K_COPY, 0, 0, src, dst, len, 0, 0)
+    }
+
+    /// y[i] = alpha * x[i] + y[i].
+    pub fn axpy(&self, x: u64, y: u64, len: u64, alpha: u32) -> Result<Outcome> {
+        self.launch(K_AXPY, 0, alpha, x, y, len, 0, 0)
+    }
+
+    pub fn touch(&self, a: u64, len: u64, count: u64, seed: u64, write: bool) -> Result<Outcome> {
+        self.launch(K_TOUCH, if write { F_WRITE } else { 0 }, 0, a, 0, len, seed, count)
+    }
+
+    pub fn info(&self) -> Result<SimInfo> {
+        let mut i = SimInfo { argsz: argsz::<SimInfo>(), ..Default::default() };
+        // SAFETY: `SimInfo` is the argument of GMEM_SIM_IOC_INFO.
+        unsafe { ioctl_raw(self.file.as_raw_fd(), GMEM_SIM_IOC_INFO, &mut i) }?;
+        Ok(i)
+    }
+}
+
+impl From<std::io::Error> for Errno {
+    fn from(e: std::io::Error) -> Errno {
+        Errno(e.raw_os_error().unwrap_or(libc::EIO))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn checksum_is_order_sensitive_fnv1a() {
+        assert_eq!(checksum(&[]), 0xcbf2_9ce4_8422_2325);
+        assert_ne!(checksum(&[1, 2]), checksum(&[2, 1]));
+        // One step by hand: (offset ^ 5) * prime.
+        assert_eq!(checksum(&[5]), (0xcbf2_9ce4_8422_2325u64 ^ 5).wrapping_mul(0x100000001b3));
+    }
+
+    #[test]
+    fn launch_struct_matches_the_header() {
+        assert_eq!(std::mem::size_of::<SimLaunch>(), 96);
+        assert_eq!(std::mem::size_of::<SimInfo>(), 56);
+    }
+}
