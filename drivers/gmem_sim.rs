@@ -426,7 +426,8 @@ impl Drop for SimModule {
                 unsafe { gmem_dev_unregister(h) };
             }
         }
-        SIMS.lock().clear();
+        // Statics are not dropped at unload: free the list's buffer too.
+        drop(core::mem::take(&mut *SIMS.lock()));
         for d in self.devs.iter() {
             pr_info!("gmem_sim{}: removed ({} faults, {} pages copied)\n", d.index, d.faults.load(Ordering::Relaxed), d.copies.load(Ordering::Relaxed));
         }

@@ -41,10 +41,18 @@ module! {
     license: "GPL",
 }
 
-#[pin_data]
+#[pin_data(PinnedDrop)]
 struct GmemModule {
     #[pin]
     misc: MiscDeviceRegistration<chardev::GmemFile>,
+}
+
+#[pinned_drop]
+impl PinnedDrop for GmemModule {
+    fn drop(self: Pin<&mut Self>) {
+        // Open files and registered drivers pin the module, so nothing uses these now.
+        space::exit();
+    }
 }
 
 impl kernel::InPlaceModule for GmemModule {

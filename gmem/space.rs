@@ -67,6 +67,11 @@ pub(crate) fn init() {
     unsafe { SPACES.init() };
 }
 
+/// Frees the list itself at module exit (statics are not dropped; no file is open then).
+pub(crate) fn exit() {
+    drop(core::mem::take(&mut SPACES.lock().list));
+}
+
 /// The space of `mm`, created on first open; every call must be paired with [`release`].
 pub(crate) fn open(mm: &Mm) -> Result<Arc<Space>> {
     let mut s = SPACES.lock();

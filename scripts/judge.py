@@ -21,7 +21,9 @@ BAD = [
     (re.compile(r"KASAN:|BUG: KASAN"), "KASAN report"),
     (re.compile(r"UBSAN:"), "UBSAN report"),
     (re.compile(r"possible recursive locking|possible circular locking|inconsistent lock state|"
-                r"suspicious RCU usage|lockdep|sleeping function called from invalid context"),
+                r"suspicious RCU usage|lockdep is turned off|possible irq lock inversion|"
+                r"sleeping function called from invalid context|bad unlock balance|"
+                r"held lock freed|lock held when returning to user space"),
      "lockdep/atomic-sleep report"),
     (re.compile(r"unreferenced object 0x"), "kmemleak report"),
     (re.compile(r"LAYOUT MISMATCH"), "bindgen layout mismatch"),

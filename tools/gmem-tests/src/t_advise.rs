@@ -30,7 +30,7 @@ fn install_sigbus_handler() {
     // SAFETY: installs a handler that only uses async-signal-safe operations.
     unsafe {
         let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = on_sigbus as usize;
+        sa.sa_sigaction = on_sigbus as *const () as usize;
         sa.sa_flags = libc::SA_SIGINFO;
         libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut());
     }
