@@ -6,11 +6,15 @@
  * This file has no module_init: the module's entry points are in gmem_main.rs.
  */
 #include <linux/export.h>
+#include <linux/module.h>
 #include <linux/fs.h>
 #include <linux/mm.h>
 #include <linux/mm_types.h>
 #include <linux/sched.h>
 #include <linux/gmem.h>
+
+/* mm_alloc() is exported for KUnit only; the region tests build a space on a fresh mm. */
+MODULE_IMPORT_NS("EXPORTED_FOR_KUNIT_TESTING");
 
 EXPORT_SYMBOL_GPL(gmem_dev_register);
 EXPORT_SYMBOL_GPL(gmem_dev_unregister);

@@ -11,6 +11,7 @@
 //! - `registry` — accelerator drivers register here (C ABI of `include/linux/gmem.h`)
 //! - `device`   — a registered device: ops trait + C adapter, central frame allocator
 //! - `policy`   — the pure `no_std` policy code of `policy/` (host-tested)
+//! - `debugfs`  — counters and residency in /sys/kernel/debug/gmem
 //! - `layout`   — load-time check that bindgen's struct layouts match C's
 //!
 //! Lock order: see Documentation/design.rst.
@@ -24,6 +25,7 @@ use kernel::{
 mod abi;
 mod advise;
 mod chardev;
+mod debugfs;
 mod device;
 mod fault;
 mod layout;
@@ -45,6 +47,8 @@ module! {
 struct GmemModule {
     #[pin]
     misc: MiscDeviceRegistration<chardev::GmemFile>,
+    #[pin]
+    debugfs: debugfs::Debugfs,
 }
 
 #[pinned_drop]
@@ -64,6 +68,7 @@ impl kernel::InPlaceModule for GmemModule {
             pr_info!("loaded (uapi v{})\n", chardev::UAPI_VERSION);
             Ok(try_pin_init!(Self {
                 misc <- MiscDeviceRegistration::register(MiscDeviceOptions { name: c"gmem" }),
+                debugfs <- debugfs::Debugfs::new(),
             }))
         })
     }

@@ -17,8 +17,7 @@ pub(crate) const PAGE_SIZE: usize = 4096;
 
 /// Advice bits kept in the region's advice map.
 pub(crate) mod adv {
-    /// Bits 0..16: devices that map host pages remotely (ACCESSED_BY).
-    pub(crate) const ACCESSED_BY_MASK: u32 = 0xffff;
+    // Bits 0..16: bit d set = device d maps host pages remotely (ACCESSED_BY).
     pub(crate) const READ_MOSTLY: u32 = 1 << 16;
     /// Bits 20..25: preferred location, 0 = none, `d + 1` = device d, `PREF_HOST` = host.
     pub(crate) const PREF_SHIFT: u32 = 20;
@@ -142,4 +141,68 @@ impl Region {
 /// Device ids whose bit is set in `mask`.
 pub(crate) fn devices_in(mask: u16) -> impl Iterator<Item = u8> {
     (0..MAX_DEVICES as u8).filter(move |d| mask & (1 << d) != 0)
+}
+
+#[kunit_tests(gmem_region)]
+mod tests {
+    use super::*;
+    use crate::space::tests::test_space;
+
+    #[test]
+    fn lookup_by_address_and_iteration() {
+        let s = test_space();
+        let a = Region::new(s.clone(), 0x10_0000, 4, 0).expect("a");
+        let b = Region::new(s.clone(), 0x20_0000, 16, 0).expect("b");
+        let c = Region::new(s.clone(), 0x20_0000 + 16 * PAGE_SIZE, 1, 0).expect("c");
+        for r in [&a, &b, &c] {
+            s.insert_region(r.clone()).expect("insert");
+        }
+        let at = |x: usize| s.region_at(x).map(|r| r.start);
+        assert_eq!(at(0x10_0000), Some(0x10_0000));
+        assert_eq!(at(0x10_0000 + 4 * PAGE_SIZE - 1), Some(0x10_0000));
+        assert_eq!(at(0x10_0000 + 4 * PAGE_SIZE), None);
+        assert_eq!(at(0x20_0000 + 16 * PAGE_SIZE), Some(c.start));
+        assert_eq!(at(0xfff), None);
+        // Overlapping insertion is refused.
+        let d = Region::new(s.clone(), 0x20_1000, 1, 0).expect("d");
+        assert!(s.insert_region(d).is_err());
+        // Iteration in address order.
+        let mut seen = KVec::new();
+        let mut from = 0;
+        while let Some(r) = s.next_region(from) {
+            from = r.end();
+            seen.push(r.start, GFP_KERNEL).expect("push");
+        }
+        assert_eq!(&seen[..], &[a.start, b.start, c.start]);
+        s.remove_region(&b);
+        assert_eq!(at(0x20_0000), None);
+        assert_eq!(at(c.start), Some(c.start));
+        s.remove_region(&a);
+        s.remove_region(&c);
+        assert!(s.next_region(0).is_none());
+        crate::space::release(&s);
+    }
+
+    #[test]
+    fn advice_splits_a_region() {
+        let s = test_space();
+        let r = Region::new(s.clone(), 0x40_0000, 64, (3 + 1) << adv::PREF_SHIFT).expect("region");
+        {
+            let mut p = r.pages.lock();
+            p.advice.set(PageRange { first: 10, count: 5 }, adv::READ_MOSTLY).expect("set");
+            p.advice.clear(PageRange { first: 12, count: 1 }, adv::READ_MOSTLY).expect("clear");
+            assert_eq!(p.advice.get(9) & adv::READ_MOSTLY, 0);
+            assert_ne!(p.advice.get(10) & adv::READ_MOSTLY, 0);
+            assert_eq!(p.advice.get(12) & adv::READ_MOSTLY, 0);
+            assert_ne!(p.advice.get(14) & adv::READ_MOSTLY, 0);
+            assert_eq!(p.advice.get(15) & adv::READ_MOSTLY, 0);
+            assert_eq!(adv::preferred(p.advice.get(63)), Some(crate::policy::page_state::Target::Device(3)));
+            assert_eq!(p.advice.runs(), 5);
+        }
+        assert_eq!(r.index(0x40_0000 + 5 * PAGE_SIZE + 7), Some(5));
+        assert_eq!(r.index(0x40_0000 + 64 * PAGE_SIZE), None);
+        // 16 bytes per page: state + frame + host page.
+        assert_eq!(r.metadata_bytes(), 64 * 16);
+        crate::space::release(&s);
+    }
 }

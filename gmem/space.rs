@@ -277,3 +277,25 @@ pub(crate) unsafe extern "C" fn gmem_space_ctx(
         Err(e) => e.to_ptr(),
     }
 }
+
+#[cfg(CONFIG_KUNIT)]
+pub(crate) mod tests {
+    use super::*;
+    use kernel::bindings;
+
+    /// A space on a fresh, empty `mm` (KUnit cases run in kthreads, which have none).
+    /// The caller calls `release` on it when done.
+    pub(crate) fn test_space() -> Arc<Space> {
+        // SAFETY: `mm_alloc` returns a new mm with one user reference, or null.
+        let raw = unsafe { bindings::mm_alloc() };
+        assert!(!raw.is_null());
+        // SAFETY: `raw` is a live mm; the space takes its own `mmgrab` reference.
+        let s = open(unsafe { Mm::from_raw(raw) });
+        // SAFETY: drops the user reference `mm_alloc` gave us.
+        unsafe { bindings::mmput(raw) };
+        match s {
+            Ok(s) => s,
+            Err(_) => panic!("space::open failed"),
+        }
+    }
+}
