@@ -15,8 +15,12 @@ export PATH := $(CARGO_HOME)/bin:$(PATH)
 export LIBCLANG_PATH ?= /usr/lib/llvm-19/lib
 GUEST_TIMEOUT_std := 600
 GUEST_TIMEOUT_debug := 1800
-SUITES := gmem_layout gmem_registry gmem_fault gmem_sim_pt
-USER_BINS := gmem-tests
+SUITES := gmem_layout gmem_registry gmem_fault gmem_region gmem_page_state gmem_sim_pt
+USER_BINS := gmem-tests gmem-demo
+# The C example is built with gcc unless CC is given (make's built-in default "cc" is not).
+ifeq ($(origin CC),default)
+CC := gcc
+endif
 
 .PHONY: all deps kernel modules user initramfs run check check-debug host-test clean FORCE
 
@@ -40,6 +44,8 @@ user: deps
 	@echo "[user] static musl test programs"
 	@cargo build -q --release --target $(MUSL) $(addprefix -p ,$(USER_BINS))
 	@mkdir -p $(B)/bin && cp $(addprefix target/$(MUSL)/release/,$(USER_BINS)) $(B)/bin/
+	@echo "[user] C example (static, uapi headers only)"
+	@$(CC) -static -O2 -Wall -Wextra -Werror -I include/uapi -o $(B)/bin/gmem-example tools/examples/gmem_example.c
 
 initramfs: modules user
 	@bash scripts/mkinitramfs.sh "$$(cat $(B)/kdir)" $(B)/initramfs.cpio.gz $(B)/ko $(B)/bin

@@ -139,21 +139,25 @@ unsafe extern "C" fn op_map(drv: *mut c_void, ctx: *mut c_void, ptes: *const Gme
     let (dev, c, ptes) = unsafe { (sim(drv), ctx_of(ctx), core::slice::from_raw_parts(ptes, n as usize)) };
     let mut pt = c.pt.lock();
     let before = pt.valid;
+    let mut r = 0;
     for p in ptes {
         let t = if p.host.is_null() {
             if p.frame >= dev.pool.len() as u64 {
-                return EINVAL.to_errno();
+                r = EINVAL.to_errno();
+                break;
             }
             Target::Frame(p.frame)
         } else {
             Target::Host(p.host)
         };
         if let Err(e) = pt.set(p.va, encode(t, p.prot & GMEM_PROT_WRITE != 0)) {
-            return e.to_errno();
+            r = e.to_errno();
+            break;
         }
     }
+    // Entries set before a failure stay set: count them either way.
     dev.ptes.fetch_add(pt.valid - before, Ordering::Relaxed);
-    0
+    r
 }
 
 unsafe extern "C" fn op_unmap(drv: *mut c_void, ctx: *mut c_void, va: u64, npages: u64) {
@@ -199,6 +203,11 @@ unsafe extern "C" fn op_frame_page(drv: *mut c_void, frame: u64) -> *mut binding
     unsafe { sim(drv) }.pool.frame(frame).unwrap_or(core::ptr::null_mut())
 }
 
+unsafe extern "C" fn op_test_clear_accessed(_drv: *mut c_void, ctx: *mut c_void, va: u64) -> c_int {
+    // SAFETY: gmem passes a live context of ours.
+    c_int::from(unsafe { ctx_of(ctx) }.pt.lock().test_clear_accessed(va))
+}
+
 static OPS: GmemDevOps = GmemDevOps {
     ctx_create: Some(op_ctx_create),
     ctx_destroy: Some(op_ctx_destroy),
@@ -207,6 +216,7 @@ static OPS: GmemDevOps = GmemDevOps {
     tlb_invalidate: Some(op_tlb),
     copy: Some(op_copy),
     frame_page: Some(op_frame_page),
+    test_clear_accessed: Some(op_test_clear_accessed),
 };
 
 global_lock! {

@@ -117,24 +117,27 @@ impl<'a> Runner<'a> {
     /// faulting the missing ones in batches of at most `FAULT_BUFFER`.
     fn ensure(&mut self, pages: impl Iterator<Item = u64> + Clone, write: bool) -> Result {
         let mut buf = FaultBuffer { addrs: KVec::with_capacity(FAULT_BUFFER, GFP_KERNEL)? };
-        {
-            let pt = self.ctx.pt.lock();
-            for va in pages.clone() {
-                if let Xlate::Miss = Self::xlate(pt.lookup(va), write, self.dev) {
-                    buf.addrs.push(va, GFP_KERNEL)?;
-                    if buf.addrs.len() == FAULT_BUFFER {
-                        break;
+        // A pass reports at most one buffer; more misses than that take more passes. Pages
+        // may be unmapped again under us (eviction), so the passes are bounded.
+        for _pass in 0..MAX_REPLAYS * 64 {
+            {
+                let pt = self.ctx.pt.lock();
+                for va in pages.clone() {
+                    if let Xlate::Miss = Self::xlate(pt.lookup(va), write, self.dev) {
+                        buf.addrs.push(va, GFP_KERNEL)?;
+                        if buf.addrs.len() == FAULT_BUFFER {
+                            break;
+                        }
                     }
                 }
             }
+            let full = buf.addrs.len() == FAULT_BUFFER;
+            self.flush(&mut buf, write)?;
+            if !full {
+                return Ok(());
+            }
         }
-        let full = buf.addrs.len() == FAULT_BUFFER;
-        self.flush(&mut buf, write)?;
-        if full {
-            // More misses than the buffer holds: the next round finds the rest.
-            return self.ensure(pages, write);
-        }
-        Ok(())
+        Err(EIO)
     }
 
     /// Runs `f` on the mapped page at `va` (and `va2` if given) under the page-table lock,
@@ -148,9 +151,15 @@ impl<'a> Runner<'a> {
     ) -> Result<R> {
         for _ in 0..MAX_REPLAYS {
             {
-                let pt = self.ctx.pt.lock();
+                let mut pt = self.ctx.pt.lock();
                 let p1 = Self::xlate(pt.lookup(va), write, self.dev);
                 let p2 = va2.map(|(v, w)| Self::xlate(pt.lookup(v), w, self.dev));
+                if let Xlate::Hit(_) = p1 {
+                    pt.touch(va & !0xfff);
+                }
+                if let (Some((v, _)), Some(Xlate::Hit(_))) = (va2, &p2) {
+                    pt.touch(v & !0xfff);
+                }
                 match (p1, p2) {
                     (Xlate::Hit(a), None) => {
                         // SAFETY: the PTE maps a live page (frames are ours; host pages are

@@ -2,7 +2,8 @@
 //! The simulated device's page table: one per context (GMEM address space). Two levels:
 //! a sorted directory of 2 MiB blocks, each a 512-entry leaf of PTEs.
 //!
-//! PTE encoding: 0 = invalid; bit 0 valid, bit 1 writable, bit 2 remote host page. A frame
+//! PTE encoding: 0 = invalid; bit 0 valid, bit 1 writable, bit 2 remote host page, bit 3
+//! accessed (set by every device access, tested and cleared by gmem). A frame
 //! PTE holds `frame << 12`; a remote PTE holds the `struct page` pointer (64-byte aligned,
 //! so the low bits are free).
 //!
@@ -14,6 +15,7 @@ use kernel::{bindings, new_mutex, prelude::*, sync::Mutex};
 pub(crate) const PTE_VALID: u64 = 1;
 pub(crate) const PTE_WRITE: u64 = 2;
 pub(crate) const PTE_HOST: u64 = 4;
+pub(crate) const PTE_ACCESSED: u64 = 8;
 const LEAF: usize = 512;
 
 /// What a valid PTE points at.
@@ -57,6 +59,31 @@ impl PageTable {
 
     pub(crate) fn lookup(&self, va: u64) -> u64 {
         self.leaf(va >> 21).map_or(0, |l| l[((va >> 12) as usize) % LEAF])
+    }
+
+    fn slot_mut(&mut self, va: u64) -> Option<&mut u64> {
+        let i = self.dir.binary_search_by_key(&(va >> 21), |e| e.0).ok()?;
+        Some(&mut self.dir[i].1[((va >> 12) as usize) % LEAF])
+    }
+
+    /// Marks a valid PTE accessed (the device just used it).
+    pub(crate) fn touch(&mut self, va: u64) {
+        if let Some(s) = self.slot_mut(va) {
+            if *s & PTE_VALID != 0 {
+                *s |= PTE_ACCESSED;
+            }
+        }
+    }
+
+    /// Tests and clears the accessed bit.
+    pub(crate) fn test_clear_accessed(&mut self, va: u64) -> bool {
+        match self.slot_mut(va) {
+            Some(s) if *s & PTE_ACCESSED != 0 => {
+                *s &= !PTE_ACCESSED;
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Sets one PTE, allocating its leaf if needed.
@@ -138,5 +165,11 @@ mod tests {
         assert_eq!(pt.clear(0x1000, 0x40_0000 >> 12), 2);
         assert_eq!(pt.valid, 1);
         assert_eq!(decode(pt.lookup(0x40_1000)), Some((Target::Frame(3), true)));
+        // Accessed bit: set by a touch, reported and cleared once, invisible to decode.
+        assert!(!pt.test_clear_accessed(0x40_1000));
+        pt.touch(0x40_1000);
+        assert_eq!(decode(pt.lookup(0x40_1000)), Some((Target::Frame(3), true)));
+        assert!(pt.test_clear_accessed(0x40_1000));
+        assert!(!pt.test_clear_accessed(0x40_1000));
     }
 }

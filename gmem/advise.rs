@@ -8,7 +8,7 @@
 //! one region. Lock order as in the fault paths: mmap lock -> region pages.
 
 use crate::migrate::{self, Env};
-use crate::policy::page_state::{Event, Loc, Target};
+use crate::policy::page_state::{transition, Event, Loc, Target};
 use crate::policy::range::{self, PageRange, RangeError};
 use crate::region::{adv, Region};
 use crate::registry;
@@ -17,7 +17,7 @@ use kernel::{
     new_mutex,
     prelude::*,
     sync::{Arc, Completion, Mutex},
-    workqueue::{self, impl_has_work, new_work, Work, WorkItem},
+    workqueue::{impl_has_work, new_work, Work, WorkItem},
 };
 
 pub(crate) const PREFETCH: u32 = 1;
@@ -116,37 +116,66 @@ pub(crate) fn advise(space: &Space, a: &Advice) -> Result {
     }
 }
 
-/// The advice that move or discard data, with the mmap lock held for CPU zaps.
-fn move_pages(space: &Space, region: &Region, first: usize, count: usize, a: &Advice) -> Result {
-    let (event, refused) = match a.advice {
-        PREFETCH if a.dev == HOST => (Event::Prefetch { to: Target::Host }, EBUSY),
-        PREFETCH => (Event::Prefetch { to: Target::Device(device_id(a.dev)?) }, EBUSY),
-        PIN => (Event::Pin { dev: device_id(a.dev)? }, EBUSY),
-        UNPIN => (Event::Unpin, EBUSY),
-        _ => (Event::DontNeed, EBUSY),
+/// The advice that move or discard data, with the mmap lock held for CPU zaps. A full
+/// device is made room on (eviction) and the page retried.
+fn move_pages(space: &Space, region: &Arc<Region>, first: usize, count: usize, a: &Advice) -> Result {
+    let (event, target) = match a.advice {
+        PREFETCH if a.dev == HOST => (Event::Prefetch { to: Target::Host }, None),
+        PREFETCH => {
+            let d = device_id(a.dev)?;
+            (Event::Prefetch { to: Target::Device(d) }, Some(d))
+        }
+        PIN => {
+            let d = device_id(a.dev)?;
+            (Event::Pin { dev: d }, Some(d))
+        }
+        UNPIN => (Event::Unpin, None),
+        _ => (Event::DontNeed, None),
     };
     let mm = space.mm_user().ok_or(EFAULT)?;
     let mmap = mm.mmap_read_lock();
     let vma = mmap.vma_lookup(region.start).filter(|v| v.start() == region.start);
-    let mut p = region.pages.lock();
-    if p.dead {
-        return Err(ENOENT);
-    }
-    if let Event::Pin { dev } = event {
-        // A pin must fit: refuse it up front rather than fail half way.
-        let d = registry::get(dev as usize).ok_or(ENODEV)?;
-        let needed = (first..first + count).filter(|&i| p.state(i).loc() != Loc::Device(dev)).count() as u64;
-        if needed > d.nr_frames - d.frames_used() {
+    let dev = target.and_then(|d| registry::get(d as usize));
+    if let (Event::Pin { dev: d }, Some(dev)) = (event, &dev) {
+        // A pin must fit beside the other pins: refuse it up front rather than half way.
+        let p = region.pages.lock();
+        let needed = (first..first + count).filter(|&i| p.state(i).loc() != Loc::Device(d)).count() as u64;
+        if needed + dev.frames_pinned() > dev.nr_frames {
             return Err(ENOSPC);
         }
     }
-    let r = migrate::apply_range(&Env { region, vma }, &mut p, first, count, event, refused);
-    if let (Event::Prefetch { to: Target::Device(d) }, Some(dev)) = (event, registry::get(a.dev.max(0) as usize)) {
-        if dev.id == d as usize {
-            crate::device::DevStats::add(&dev.stats.prefetched, count as u64);
+    let mut i = first;
+    let mut retries = 0;
+    while i < first + count {
+        let mut p = region.pages.lock();
+        if p.dead {
+            return Err(ENOENT);
+        }
+        let s = p.state(i);
+        let (next, acts) = transition(s, event).map_err(|_| EBUSY)?;
+        if next == s && acts == Default::default() {
+            i += 1;
+            continue;
+        }
+        match migrate::apply(&Env::access(region, vma), &mut p, i, next, &acts) {
+            Err(e) if e == ENOSPC => {
+                drop(p);
+                let full = acts.alloc_frame.and_then(|x| registry::get(x as usize)).ok_or(ENOMEM)?;
+                retries += 1;
+                if retries > 64 || crate::evict::make_room(&full, 64, crate::evict::Why::Fault) == 0 {
+                    return Err(ENOMEM);
+                }
+            }
+            Err(e) => return Err(e),
+            Ok(()) => {
+                if let (Event::Prefetch { .. }, Some(dev)) = (event, &dev) {
+                    crate::device::DevStats::add(&dev.stats.prefetched, 1);
+                }
+                i += 1;
+            }
         }
     }
-    r
+    Ok(())
 }
 
 /// An asynchronous PREFETCH: run on the system workqueue, waited for with GMEM_IOC_WAIT.
@@ -195,7 +224,8 @@ impl Fence {
             GFP_KERNEL,
         )?;
         // A fresh work item cannot be queued already.
-        let _ = workqueue::system().enqueue(f.clone());
+        let q = crate::wq::get().ok_or(ENODEV)?;
+        let _ = q.enqueue(f.clone());
         Ok(f)
     }
 

@@ -16,6 +16,7 @@ use core::sync::atomic::Ordering::Relaxed;
 use kernel::{
     debugfs::{Dir, File},
     prelude::*,
+    uaccess::UserSliceReader,
 };
 
 #[pin_data]
@@ -24,7 +25,28 @@ pub(crate) struct Debugfs {
     devices: File<()>,
     #[pin]
     spaces: File<()>,
+    #[pin]
+    control: File<()>,
     _dir: Dir,
+}
+
+fn show_control(_: &(), f: &mut fmt::Formatter<'_>) -> fmt::Result {
+    crate::tune::show(f)?;
+    for d in registry::all().iter() {
+        writeln!(f, "dev={} low={} high={}", d.id, d.low(), d.high())?;
+    }
+    Ok(())
+}
+
+fn write_control(_: &(), r: &mut UserSliceReader) -> Result {
+    let mut buf = [0u8; 256];
+    let n = r.len();
+    if n == 0 || n > buf.len() {
+        return Err(EINVAL);
+    }
+    r.read_slice(&mut buf[..n])?;
+    let text = core::str::from_utf8(&buf[..n]).map_err(|_| EINVAL)?;
+    crate::tune::apply(text)
 }
 
 impl Debugfs {
@@ -33,6 +55,7 @@ impl Debugfs {
         try_pin_init!(Debugfs {
             devices <- dir.read_callback_file(c"devices", (), &show_devices),
             spaces <- dir.read_callback_file(c"spaces", (), &show_spaces),
+            control <- dir.read_write_callback_file(c"control", (), &show_control, &write_control),
             _dir: dir,
         })
     }
@@ -40,22 +63,53 @@ impl Debugfs {
 
 fn show_device(d: &Device, f: &mut fmt::Formatter<'_>) -> fmt::Result {
     let s = &d.stats;
+    let g = |c: &core::sync::atomic::AtomicU64| c.load(Relaxed);
     writeln!(
         f,
-        "dev{} frames={} used={} alive={} fault_batches={} faults={} h2d={} d2h={} d2d={} zeroed={} prefetched={} evicted={} remote_maps={}",
+        "dev{} frames={} used={} pinned={} lent={} low={} high={} alive={}",
         d.id,
         d.nr_frames,
         d.frames_used(),
-        d.alive() as u8,
-        s.fault_batches.load(Relaxed),
-        s.faults.load(Relaxed),
-        s.pages_h2d.load(Relaxed),
-        s.pages_d2h.load(Relaxed),
-        s.pages_d2d.load(Relaxed),
-        s.pages_zeroed.load(Relaxed),
-        s.prefetched.load(Relaxed),
-        s.evictions.load(Relaxed),
-        s.remote_maps.load(Relaxed),
+        d.frames_pinned(),
+        d.frames_lent(),
+        d.low(),
+        d.high(),
+        d.alive() as u8
+    )?;
+    writeln!(
+        f,
+        "  faults: batches={} pages={} allocs={} waits_for_eviction={}",
+        g(&s.fault_batches),
+        g(&s.faults),
+        g(&s.fault_allocs),
+        g(&s.fault_waits)
+    )?;
+    writeln!(
+        f,
+        "  migrated: h2d={} d2h={} d2d={} zeroed={} remote_maps={}",
+        g(&s.pages_h2d),
+        g(&s.pages_d2h),
+        g(&s.pages_d2d),
+        g(&s.pages_zeroed),
+        g(&s.remote_maps)
+    )?;
+    writeln!(
+        f,
+        "  evicted: to_host={} to_peer={} clean_dropped={} pre_evicted={} writebacks={} evacuated={}",
+        g(&s.evicted_to_host),
+        g(&s.evicted_to_peer),
+        g(&s.evicted_clean),
+        g(&s.pre_evicted),
+        g(&s.writebacks),
+        g(&s.evacuated)
+    )?;
+    writeln!(
+        f,
+        "  prefetch: pages={} used={} wasted={} thrash_events={}",
+        g(&s.prefetched),
+        g(&s.prefetch_used),
+        g(&s.prefetch_wasted),
+        g(&s.thrash_events)
     )
 }
 

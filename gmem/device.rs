@@ -6,7 +6,9 @@
 //! called under it). Driver callbacks are never called under a spinlock.
 
 use crate::abi::{GmemCopy, GmemDevOps, GmemDevProps, GmemPte, GMEM_DRIVER_ABI_VERSION};
+use crate::policy::evict::{self as order, Clock, F_CLEAN, F_LENT, F_PINNED, F_REF, F_USED};
 use crate::policy::frames::FrameMap;
+use crate::region::Region;
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use kernel::{
     bindings,
@@ -15,7 +17,14 @@ use kernel::{
     new_mutex,
     prelude::*,
     sync::{Arc, Mutex},
+    workqueue::{impl_has_work, new_work, Work, WorkItem},
 };
+
+/// Frame flag kept by the core only: filled by prefetch, not yet known to be used.
+pub(crate) const F_PREFETCHED: u8 = 0x40;
+/// Frame flag kept by the core only: spared once by the CLOCK because its page prefers
+/// this device (PREFERRED_LOC); cleared whenever the page is accessed again.
+pub(crate) const F_PREFERRED_SPARED: u8 = 0x80;
 
 /// A device page table ("context") as the driver handed it out; opaque to the core.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -44,6 +53,10 @@ pub(crate) trait DeviceOps: Send + Sync {
     fn copy(&self, dir: u32, pages: &[GmemCopy], peer: Option<&Self>) -> Result;
     /// The host-visible page behind a frame, if the device can expose it to the CPU.
     fn frame_page(&self, _frame: u64) -> Option<*mut bindings::page> {
+        build_error!(VTABLE_DEFAULT_ERROR)
+    }
+    /// Tests and clears the device's accessed bit of one PTE; `None` if not supported.
+    fn test_clear_accessed(&self, _ctx: Ctx, _va: u64) -> Option<bool> {
         build_error!(VTABLE_DEFAULT_ERROR)
     }
 }
@@ -90,6 +103,11 @@ impl CDriver {
         }
         // INVARIANT: checked above; lifetime by the caller's contract.
         Ok((CDriver { ops, drv: p.drv }, p.nr_frames))
+    }
+
+    /// Whether two devices are served by the same driver (peer copies need that).
+    pub(crate) fn same_driver(&self, other: &CDriver) -> bool {
+        core::ptr::eq(self.ops, other.ops)
     }
 
     fn ops(&self) -> &GmemDevOps {
@@ -152,9 +170,15 @@ impl DeviceOps for CDriver {
         let p = unsafe { f(self.drv, frame) };
         (!p.is_null()).then_some(p)
     }
+
+    fn test_clear_accessed(&self, ctx: Ctx, va: u64) -> Option<bool> {
+        let f = self.ops().test_clear_accessed?;
+        // SAFETY: optional callback present; `ctx` is a live context of this driver.
+        Some(unsafe { f(self.drv, ctx.0, va) } > 0)
+    }
 }
 
-/// Per-device counters (debugfs `gmem/devN`).
+/// Per-device counters (debugfs `gmem/devices`).
 #[derive(Default)]
 pub(crate) struct DevStats {
     pub(crate) fault_batches: AtomicU64,
@@ -164,8 +188,22 @@ pub(crate) struct DevStats {
     pub(crate) pages_d2d: AtomicU64,
     pub(crate) pages_zeroed: AtomicU64,
     pub(crate) prefetched: AtomicU64,
-    pub(crate) evictions: AtomicU64,
+    pub(crate) evacuated: AtomicU64,
     pub(crate) remote_maps: AtomicU64,
+    /// Victims sent to host memory / parked on a peer device / dropped (clean or duplicate).
+    pub(crate) evicted_to_host: AtomicU64,
+    pub(crate) evicted_to_peer: AtomicU64,
+    pub(crate) evicted_clean: AtomicU64,
+    /// Frames freed by the background worker; times a fault had to evict first.
+    pub(crate) pre_evicted: AtomicU64,
+    pub(crate) fault_waits: AtomicU64,
+    /// Allocations on the fault path (denominator of `fault_waits`).
+    pub(crate) fault_allocs: AtomicU64,
+    /// Parked victims written back to the host in the background.
+    pub(crate) writebacks: AtomicU64,
+    pub(crate) prefetch_used: AtomicU64,
+    pub(crate) prefetch_wasted: AtomicU64,
+    pub(crate) thrash_events: AtomicU64,
 }
 
 impl DevStats {
@@ -174,11 +212,23 @@ impl DevStats {
     }
 }
 
-/// The frame pool's bookkeeping; [`FrameMap`] (pure policy code) works on it.
+/// Who holds a frame: a page of a region (as owner or read-only duplicate).
+#[derive(Clone)]
+pub(crate) struct Owner {
+    pub(crate) region: Arc<Region>,
+    pub(crate) page: u32,
+}
+
+/// The frame pool's bookkeeping; [`FrameMap`] and [`Clock`] (pure policy code) work on it.
 struct FramePool {
     bits: KVVec<u64>,
     cursor: u64,
     used: u64,
+    /// Replacement flags per frame (`policy::evict::F_*`, plus `F_PREFETCHED`).
+    flags: KVVec<u8>,
+    /// Reverse map: frame -> page.
+    owner: KVVec<Option<Owner>>,
+    hand: u64,
 }
 
 /// A registered device.
@@ -190,24 +240,61 @@ pub(crate) struct Device {
     alive: AtomicBool,
     #[pin]
     frames: Mutex<FramePool>,
+    /// One evictor at a time per device (taken with no region lock held).
+    #[pin]
+    pub(crate) evict_lock: Mutex<()>,
+    low: AtomicU64,
+    high: AtomicU64,
     pub(crate) stats: DevStats,
+    #[pin]
+    work: Work<Device>,
+}
+
+impl_has_work! {
+    impl HasWork<Self> for Device { self.work }
+}
+
+impl WorkItem for Device {
+    type Pointer = Arc<Device>;
+
+    fn run(this: Arc<Device>) {
+        crate::evict::background(&this);
+    }
+}
+
+fn filled<T: Clone>(n: usize, v: T) -> Result<KVVec<T>> {
+    let mut out = KVVec::with_capacity(n, GFP_KERNEL)?;
+    for _ in 0..n {
+        out.push(v.clone(), GFP_KERNEL)?;
+    }
+    Ok(out)
 }
 
 impl Device {
     pub(crate) fn new(id: usize, drv: CDriver, nr_frames: u64) -> Result<Arc<Device>> {
-        let words = FrameMap::words_for(nr_frames);
-        let mut bits = KVVec::with_capacity(words, GFP_KERNEL)?;
-        for _ in 0..words {
-            bits.push(0u64, GFP_KERNEL)?;
+        let n = usize::try_from(nr_frames).map_err(|_| EINVAL)?;
+        let bits = filled(FrameMap::words_for(nr_frames), 0u64)?;
+        let flags = filled(n, 0u8)?;
+        let mut owner = KVVec::with_capacity(n, GFP_KERNEL)?;
+        for _ in 0..n {
+            owner.push(None, GFP_KERNEL)?;
         }
+        let (low, high) = order::default_watermarks(nr_frames);
         Arc::pin_init(
             try_pin_init!(Device {
                 id,
                 nr_frames,
                 drv,
                 alive: AtomicBool::new(true),
-                frames <- new_mutex!(FramePool { bits, cursor: 0, used: 0 }, "gmem_device_frames"),
+                frames <- new_mutex!(
+                    FramePool { bits, cursor: 0, used: 0, flags, owner, hand: 0 },
+                    "gmem_device_frames"
+                ),
+                evict_lock <- new_mutex!((), "gmem_device_evict"),
+                low: AtomicU64::new(low),
+                high: AtomicU64::new(high),
                 stats: DevStats::default(),
+                work <- new_work!("gmem_device_preevict"),
             }),
             GFP_KERNEL,
         )
@@ -222,25 +309,141 @@ impl Device {
         self.alive.store(false, Ordering::Release);
     }
 
-    /// One free frame, or `ENOMEM` when the pool is exhausted.
+    pub(crate) fn low(&self) -> u64 {
+        self.low.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn high(&self) -> u64 {
+        self.high.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn set_watermarks(&self, low: u64, high: u64) {
+        self.low.store(low, Ordering::Relaxed);
+        self.high.store(high, Ordering::Relaxed);
+    }
+
+    /// One free frame, or `ENOSPC` when the pool is exhausted (the caller may evict and
+    /// retry). The frame starts used and referenced, with no owner yet.
     pub(crate) fn alloc_frame(&self) -> Result<u32> {
         let mut pool = self.frames.lock();
-        let FramePool { bits, cursor, used } = &mut *pool;
+        let FramePool { bits, cursor, used, flags, .. } = &mut *pool;
         let mut map = FrameMap::new(bits, cursor, used, self.nr_frames).ok_or(EINVAL)?;
-        let f = map.alloc().ok_or(ENOMEM)?;
+        let f = map.alloc().ok_or(ENOSPC)?;
+        flags[f as usize] = F_USED | F_REF;
         u32::try_from(f).map_err(|_| EINVAL)
     }
 
-    pub(crate) fn free_frame(&self, frame: u32) {
-        let mut pool = self.frames.lock();
-        let FramePool { bits, cursor, used } = &mut *pool;
-        let ok = FrameMap::new(bits, cursor, used, self.nr_frames).map(|mut m| m.free(u64::from(frame)).is_ok());
-        if ok != Some(true) {
-            pr_err!("device {}: bad frame free {}\n", self.id, frame);
+    /// Returns a frame to the pool. Returns its flags as they were (for accounting).
+    pub(crate) fn free_frame(&self, frame: u32) -> u8 {
+        let (old, fl) = {
+            let mut pool = self.frames.lock();
+            let FramePool { bits, cursor, used, flags, owner, .. } = &mut *pool;
+            let ok = FrameMap::new(bits, cursor, used, self.nr_frames).map(|mut m| m.free(u64::from(frame)).is_ok());
+            if ok != Some(true) {
+                pr_err!("device {}: bad frame free {}\n", self.id, frame);
+                return 0;
+            }
+            let fl = core::mem::replace(&mut flags[frame as usize], 0);
+            (owner[frame as usize].take(), fl)
+        };
+        // Dropped outside the lock: the last reference to a region may go here.
+        drop(old);
+        fl
+    }
+
+    /// Records who holds `frame` and its replacement flags (`keep` bits of the old flags
+    /// are preserved, the rest replaced by `set`).
+    pub(crate) fn set_owner(&self, frame: u32, who: Owner, set: u8, keep: u8) {
+        let old = {
+            let mut pool = self.frames.lock();
+            let i = frame as usize;
+            if i >= pool.flags.len() {
+                return;
+            }
+            pool.flags[i] = (pool.flags[i] & keep) | set | F_USED;
+            pool.owner[i].replace(who)
+        };
+        drop(old);
+    }
+
+    /// Gives a frame a second chance (its page was used).
+    pub(crate) fn reference(&self, frame: u32) {
+        if let Some(f) = self.frames.lock().flags.get_mut(frame as usize) {
+            *f |= F_REF;
         }
+    }
+
+    pub(crate) fn flags(&self, frame: u32) -> u8 {
+        self.frames.lock().flags.get(frame as usize).copied().unwrap_or(0)
+    }
+
+    /// Up to `n` victims in replacement order, with who holds them.
+    pub(crate) fn victims(&self, n: usize) -> Result<KVec<(u32, Owner)>> {
+        let mut picked = [0u64; 64];
+        let n = n.min(picked.len());
+        let mut pool = self.frames.lock();
+        let FramePool { flags, hand, owner, .. } = &mut *pool;
+        let k = Clock::new(flags, hand).select(&mut picked[..n]);
+        let mut out = KVec::with_capacity(k, GFP_KERNEL)?;
+        for &f in &picked[..k] {
+            if let Some(o) = owner.get(f as usize).and_then(|o| o.clone()) {
+                out.push((f as u32, o), GFP_KERNEL)?;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Frames holding victims parked here by peers that still need a host copy.
+    pub(crate) fn lent_dirty(&self, n: usize) -> Result<KVec<(u32, Owner)>> {
+        let pool = self.frames.lock();
+        let mut out = KVec::new();
+        for (f, fl) in pool.flags.iter().enumerate() {
+            if out.len() >= n {
+                break;
+            }
+            if fl & (F_USED | F_LENT | F_CLEAN) == F_USED | F_LENT {
+                if let Some(o) = pool.owner[f].clone() {
+                    out.push((f as u32, o), GFP_KERNEL)?;
+                }
+            }
+        }
+        Ok(out)
     }
 
     pub(crate) fn frames_used(&self) -> u64 {
         self.frames.lock().used
+    }
+
+    pub(crate) fn frames_free(&self) -> u64 {
+        self.nr_frames - self.frames_used()
+    }
+
+    /// Frames pinned on the device.
+    pub(crate) fn frames_pinned(&self) -> u64 {
+        self.frames.lock().flags.iter().filter(|f| **f & F_PINNED != 0).count() as u64
+    }
+
+    /// Frames parked here by peers.
+    pub(crate) fn frames_lent(&self) -> u64 {
+        self.frames.lock().flags.iter().filter(|f| **f & F_LENT != 0).count() as u64
+    }
+}
+
+/// Queues the background worker if the device is below its low watermark.
+pub(crate) fn kick(dev: &Arc<Device>) {
+    if dev.alive() && crate::tune::PREEVICT.load(Ordering::Relaxed) && dev.frames_free() < dev.low() {
+        if let Some(q) = crate::wq::get() {
+            // Already queued is fine: one run serves every request.
+            let _ = q.enqueue(dev.clone());
+        }
+    }
+}
+
+/// Queues the background worker unconditionally (write-back of parked victims).
+pub(crate) fn kick_always(dev: &Arc<Device>) {
+    if dev.alive() {
+        if let Some(q) = crate::wq::get() {
+            let _ = q.enqueue(dev.clone());
+        }
     }
 }

@@ -10,7 +10,11 @@ use crate::abi::{GmemDevHandle, GmemSpaceHandle, GMEM_ACCESS_READ, GMEM_ACCESS_W
 use crate::device::{DevStats, Device};
 use crate::migrate::{self, Env};
 use crate::policy::batch;
-use crate::policy::page_state::{transition, Event, Target};
+use crate::evict::{self, Why};
+use crate::policy::page_state::{transition, Copy, Event, Loc, Target};
+use crate::policy::thrash::{ThrashParams, Verdict};
+use crate::{prefetch, registry, tune};
+use core::sync::atomic::Ordering::Relaxed;
 use crate::region::{adv, Region};
 use crate::space::{self, Space};
 use kernel::{
@@ -90,6 +94,7 @@ unsafe extern "C" fn vm_fault(vmf: *mut bindings::vm_fault) -> bindings::vm_faul
     // SAFETY: the faulting VMA is a GMEM VMA (these ops are only installed on ours).
     let region = unsafe { region_of(vma) };
     let write = flags & bindings::fault_flag_FAULT_FLAG_WRITE != 0;
+    let region: Arc<Region> = region.into();
     match cpu_fault(&region, vmf, addr as usize, write) {
         Ok(r) => r,
         Err(e) if e == ENOMEM => bindings::vm_fault_reason_VM_FAULT_OOM,
@@ -99,7 +104,7 @@ unsafe extern "C" fn vm_fault(vmf: *mut bindings::vm_fault) -> bindings::vm_faul
 
 /// CPU fault: bring the page to the host and map it. A page pinned on a device, a torn
 /// down region or an address outside the region gets SIGBUS.
-fn cpu_fault(region: &Region, vmf: *mut bindings::vm_fault, addr: usize, write: bool) -> Result<bindings::vm_fault_t> {
+fn cpu_fault(region: &Arc<Region>, vmf: *mut bindings::vm_fault, addr: usize, write: bool) -> Result<bindings::vm_fault_t> {
     let i = region.index(addr).ok_or(EFAULT)?;
     let mut p = region.pages.lock();
     if p.dead {
@@ -111,7 +116,11 @@ fn cpu_fault(region: &Region, vmf: *mut bindings::vm_fault, addr: usize, write: 
     let write = write || s.dup_mask() != 0;
     let (next, a) = transition(s, Event::CpuFault { write }).map_err(|_| EFAULT)?;
     Space::count(&region.space.stats.cpu_faults);
-    migrate::apply(&Env { region, vma: None }, &mut p, i, next, &a)?;
+    migrate::apply(&Env::access(region, None), &mut p, i, next, &a)?;
+    if matches!(a.copy, Copy::D2H(_)) || (matches!(s.loc(), Loc::Device(_)) && next.loc() == Loc::Host) {
+        // Throttling is the device side's job; the CPU side only records the move.
+        let _ = record_move(None, &region.space, region.va(i));
+    }
     if !a.map_cpu {
         return Err(EFAULT);
     }
@@ -122,7 +131,8 @@ fn cpu_fault(region: &Region, vmf: *mut bindings::vm_fault, addr: usize, write: 
 }
 
 /// Device fault: services a coalesced, sorted batch of page addresses of `space` for
-/// `dev`, one 2 MiB block at a time.
+/// `dev`, block (2 MiB) by block, page by page (the page lock is taken per page); after
+/// each block, density prefetch may fetch more of it.
 pub(crate) fn device_fault(dev: &Arc<Device>, space: &Space, addrs: &[u64], write: bool) -> Result {
     let mm = space.mm_user().ok_or(EFAULT)?;
     let mmap = mm.mmap_read_lock();
@@ -131,6 +141,7 @@ pub(crate) fn device_fault(dev: &Arc<Device>, space: &Space, addrs: &[u64], writ
     let d = u8::try_from(dev.id).map_err(|_| EINVAL)?;
     let mut region: Option<Arc<Region>> = None;
     for block in batch::by_block(addrs) {
+        let mut faulted = [0u64; 8];
         for &a in block {
             let a = usize::try_from(a).map_err(|_| EFAULT)?;
             let r = match region.take() {
@@ -139,26 +150,93 @@ pub(crate) fn device_fault(dev: &Arc<Device>, space: &Space, addrs: &[u64], writ
             };
             let i = r.index(a).ok_or(EFAULT)?;
             let vma = mmap.vma_lookup(a).filter(|v| v.start() == r.start);
-            {
-                let mut p = r.pages.lock();
-                if p.dead {
-                    return Err(EFAULT);
-                }
-                if !dev.alive() {
-                    return Err(ENODEV);
-                }
-                let bits = p.advice.get(i as u64);
-                let accessed_by =
-                    bits & (1 << d) != 0 || adv::preferred(bits) == Some(Target::Host);
-                let ev = Event::DevFault { dev: d, write, read_mostly: bits & adv::READ_MOSTLY != 0, accessed_by };
-                let (next, acts) = transition(p.state(i), ev).map_err(|_| EBUSY)?;
-                Space::count(&space.stats.dev_faults);
-                migrate::apply(&Env { region: &r, vma }, &mut p, i, next, &acts)?;
-            }
+            fault_page(dev, space, &r, vma, i, write, d)?;
+            let k = (a >> 12) & 511;
+            faulted[k / 64] |= 1 << (k % 64);
             region = Some(r);
+        }
+        if let (Some(r), Some(&first)) = (&region, block.first()) {
+            if tune::PREFETCH.load(Relaxed) {
+                let vma = mmap.vma_lookup(r.start).filter(|v| v.start() == r.start);
+                prefetch::on_fault(dev, r, vma, (first as usize) & !((1 << 21) - 1), &faulted);
+            }
         }
     }
     Ok(())
+}
+
+/// Thrashing parameters (UVM's: 3 moves within 500 us; pin after 10 throttles).
+const THRASH: ThrashParams = ThrashParams { window_ns: 500_000, moves: 3, throttles_to_pin: 10, pin_ns: 150_000_000 };
+
+pub(crate) fn now_ns() -> u64 {
+    // SAFETY: reading the monotonic clock has no preconditions.
+    unsafe { bindings::ktime_get() as u64 }
+}
+
+/// Records a migration of `va` in the space's thrash table; returns true to throttle.
+pub(crate) fn record_move(dev: Option<&Device>, space: &Space, va: u64) -> bool {
+    if !tune::THRASH.load(Relaxed) {
+        return false;
+    }
+    let v = space.thrash.lock().on_move(va, now_ns(), &THRASH);
+    let hit = !matches!(v, Verdict::Migrate);
+    if let (true, Some(dev)) = (hit, dev) {
+        DevStats::add(&dev.stats.thrash_events, 1);
+    }
+    matches!(v, Verdict::Throttle)
+}
+
+/// One page of a device fault; evicts and retries while the device is full.
+fn fault_page(
+    dev: &Arc<Device>,
+    space: &Space,
+    r: &Arc<Region>,
+    vma: Option<&kernel::mm::virt::VmaRef>,
+    i: usize,
+    write: bool,
+    d: u8,
+) -> Result {
+    for _attempt in 0..32 {
+        let mut p = r.pages.lock();
+        if p.dead {
+            return Err(EFAULT);
+        }
+        if !dev.alive() {
+            return Err(ENODEV);
+        }
+        let bits = p.advice.get(i as u64);
+        let s = p.state(i);
+        let va = r.va(i);
+        let mut accessed_by = bits & (1 << d) != 0 || adv::preferred(bits) == Some(Target::Host);
+        // A page that kept bouncing stays on the host, mapped remotely, for a while.
+        if !accessed_by && tune::THRASH.load(Relaxed) && s.loc() == Loc::Host && space.thrash.lock().pinned(va, now_ns()) {
+            accessed_by = true;
+        }
+        let ev = Event::DevFault { dev: d, write, read_mostly: bits & adv::READ_MOSTLY != 0, accessed_by };
+        let (next, acts) = transition(s, ev).map_err(|_| EBUSY)?;
+        if acts.alloc_frame.is_some() {
+            DevStats::add(&dev.stats.fault_allocs, 1);
+        }
+        match migrate::apply(&Env::access(r, vma), &mut p, i, next, &acts) {
+            Err(e) if e == ENOSPC => {
+                drop(p);
+                let full = acts.alloc_frame.and_then(|x| registry::get(x as usize)).ok_or(ENOMEM)?;
+                if evict::make_room(&full, 32, Why::Fault) == 0 {
+                    return Err(ENOMEM);
+                }
+            }
+            res => {
+                drop(p);
+                Space::count(&space.stats.dev_faults);
+                if res.is_ok() && acts.copy != Copy::None && !matches!(acts.copy, Copy::ZeroDev(_)) && record_move(Some(dev), space, va) {
+                    // Throttle: let the other side make progress before this page moves again.
+                    kernel::time::delay::fsleep(kernel::time::Delta::from_micros(100));
+                }
+                return res;
+            }
+        }
+    }
+    Err(ENOMEM)
 }
 
 /// Borrows the device behind a C handle as an `Arc`.

@@ -11,6 +11,7 @@
 #include <linux/mm.h>
 #include <linux/mm_types.h>
 #include <linux/sched.h>
+#include <linux/workqueue.h>
 #include <linux/gmem.h>
 
 /* mm_alloc() is exported for KUnit only; the region tests build a space on a fresh mm. */
@@ -23,6 +24,17 @@ EXPORT_SYMBOL_GPL(gmem_space_get_current);
 EXPORT_SYMBOL_GPL(gmem_space_put);
 EXPORT_SYMBOL_GPL(gmem_space_ctx);
 EXPORT_SYMBOL_GPL(gmem_dev_fault);
+
+/*
+ * gmem's own workqueue (async prefetch fences, pre-eviction, background write-back):
+ * destroy_workqueue() at module exit drains it, so no work item can run module code after
+ * the module is gone. alloc_workqueue() is a macro, hence this wrapper.
+ */
+struct workqueue_struct *gmem_wq_alloc(void);
+struct workqueue_struct *gmem_wq_alloc(void)
+{
+	return alloc_workqueue("gmem", WQ_UNBOUND | WQ_MEM_RECLAIM, 0);
+}
 
 /* Kernel structs, in the order of KERNEL_LAYOUT in gmem/layout.rs. */
 const unsigned long gmem_c_kernel_layout[] = {
@@ -52,6 +64,7 @@ const unsigned long gmem_c_abi_layout[] = {
 	sizeof(struct gmem_dev_ops),
 	offsetof(struct gmem_dev_ops, copy),
 	offsetof(struct gmem_dev_ops, frame_page),
+	offsetof(struct gmem_dev_ops, test_clear_accessed),
 	sizeof(struct gmem_dev_props),
 	offsetof(struct gmem_dev_props, drv),
 };

@@ -9,7 +9,11 @@
 //! - `migrate`  — carries out the page-state machine's decisions (copy, map, unmap, free)
 //! - `advise`   — GMEM_IOC_ADVISE: hints, prefetch/pin/dontneed, async fences
 //! - `registry` — accelerator drivers register here (C ABI of `include/linux/gmem.h`)
-//! - `device`   — a registered device: ops trait + C adapter, central frame allocator
+//! - `device`   — a registered device: ops trait + C adapter, central frame allocator, rmap
+//! - `evict`    — overcommit: replacement, 2 MiB victims, peer tier, pre-eviction worker
+//! - `prefetch` — density prefetch on device faults
+//! - `tune`     — run-time switches (debugfs `control`)
+//! - `wq`       — gmem's own workqueue
 //! - `policy`   — the pure `no_std` policy code of `policy/` (host-tested)
 //! - `debugfs`  — counters and residency in /sys/kernel/debug/gmem
 //! - `layout`   — load-time check that bindgen's struct layouts match C's
@@ -27,13 +31,17 @@ mod advise;
 mod chardev;
 mod debugfs;
 mod device;
+mod evict;
 mod fault;
 mod layout;
 mod migrate;
 mod policy;
+mod prefetch;
 mod region;
 mod registry;
 mod space;
+mod tune;
+mod wq;
 
 module! {
     type: GmemModule,
@@ -56,6 +64,7 @@ impl PinnedDrop for GmemModule {
     fn drop(self: Pin<&mut Self>) {
         // Open files and registered drivers pin the module, so nothing uses these now.
         space::exit();
+        wq::exit();
     }
 }
 
@@ -63,6 +72,7 @@ impl kernel::InPlaceModule for GmemModule {
     fn init(_module: &'static ThisModule) -> impl PinInit<Self, Error> {
         pin_init::pin_init_scope(|| {
             layout::check()?;
+            wq::init()?;
             registry::init();
             space::init();
             pr_info!("loaded (uapi v{})\n", chardev::UAPI_VERSION);

@@ -10,7 +10,8 @@
 
 use crate::abi::{GmemCopy, GmemPte, GMEM_COPY_D2D, GMEM_COPY_D2H, GMEM_COPY_H2D, GMEM_COPY_ZERO};
 use crate::abi::{GMEM_PROT_READ, GMEM_PROT_WRITE};
-use crate::device::{DevStats, Device, DeviceOps};
+use crate::device::{self as devmod, DevStats, Device, DeviceOps, Owner, F_PREFETCHED};
+use crate::policy::evict::{F_CLEAN, F_LENT, F_PINNED, F_REF};
 use crate::policy::page_state::{Actions, Copy, Loc, PageState};
 use crate::region::{devices_in, Dup, Pages, Region, PAGE_SIZE};
 use crate::registry;
@@ -18,9 +19,28 @@ use kernel::{mm::virt::VmaRef, page::Page, prelude::*, sync::Arc};
 
 /// Where a page's mappings live besides the region itself.
 pub(crate) struct Env<'a> {
-    pub(crate) region: &'a Region,
+    pub(crate) region: &'a Arc<Region>,
     /// The region's VMA, with the mmap lock held, when CPU mappings may have to be zapped.
     pub(crate) vma: Option<&'a VmaRef>,
+    /// The transition is an access (fault, prefetch, pin): the page becomes hot and stops
+    /// being a parked victim. Eviction and write-back are not accesses.
+    pub(crate) access: bool,
+}
+
+impl<'a> Env<'a> {
+    pub(crate) fn access(region: &'a Arc<Region>, vma: Option<&'a VmaRef>) -> Self {
+        Env { region, vma, access: true }
+    }
+
+    pub(crate) fn background(region: &'a Arc<Region>) -> Self {
+        Env { region, vma: None, access: false }
+    }
+}
+
+/// Counts a prefetched frame as used or wasted, once.
+fn settle_prefetch(dev: &Device, used: bool) {
+    let c = if used { &dev.stats.prefetch_used } else { &dev.stats.prefetch_wasted };
+    DevStats::add(c, 1);
 }
 
 fn device(id: u8) -> Result<Arc<Device>> {
@@ -61,7 +81,10 @@ pub(crate) fn apply(env: &Env<'_>, p: &mut Pages, i: usize, next: PageState, a: 
     // 2. Device frame; a frame that becomes a duplicate needs room in the side list.
     let mut new_frame = None;
     if let Some(d) = a.alloc_frame {
-        let r = device(d).and_then(|dev| {
+        // A device that started unregistering takes nothing new. Evacuation marks it dead
+        // first and then takes every region lock, so checking here, under the region lock,
+        // cannot miss it.
+        let r = device(d).and_then(|dev| if dev.alive() { Ok(dev) } else { Err(ENODEV) }).and_then(|dev| {
             if next.loc() != Loc::Device(d) {
                 p.dups.reserve(1, GFP_KERNEL)?;
             }
@@ -83,9 +106,14 @@ pub(crate) fn apply(env: &Env<'_>, p: &mut Pages, i: usize, next: PageState, a: 
             vma.zap_vma_range(va as usize, PAGE_SIZE);
         }
     }
+    let old_loc = p.state(i).loc();
     for d in devices_in(a.unmap_dev) {
         if let Ok(dev) = device(d) {
             if let Some(ctx) = space.ctx_if_any(&dev) {
+                if old_loc == Loc::Device(d) && a.free_frame == Some(d) && dev.flags(old_frame) & F_PREFETCHED != 0 {
+                    // A prefetched page leaves: did the device ever touch it?
+                    settle_prefetch(&dev, dev.drv.test_clear_accessed(ctx, va).unwrap_or(false));
+                }
                 dev.drv.unmap(ctx, va, 1);
                 dev.drv.tlb_invalidate(ctx, va, 1);
             }
@@ -123,6 +151,11 @@ pub(crate) fn apply(env: &Env<'_>, p: &mut Pages, i: usize, next: PageState, a: 
         }),
         Copy::D2D { from, to } => device(from).and_then(|src| {
             let dst = device(to)?;
+            if !src.drv.same_driver(&dst.drv) {
+                // Peer copies need one driver on both ends; the state machine's caller
+                // only offers peers of the same driver (see `evict::peer_for`).
+                return Err(EXDEV);
+            }
             DevStats::add(&src.stats.pages_d2d, 1);
             let c = GmemCopy { host: core::ptr::null_mut(), frame: u64::from(old_frame), peer_frame: nf };
             src.drv.copy(GMEM_COPY_D2D, &[c], Some(&dst.drv))
@@ -146,12 +179,31 @@ pub(crate) fn apply(env: &Env<'_>, p: &mut Pages, i: usize, next: PageState, a: 
             }
         }
     }
+    let who = Owner { region: env.region.clone(), page: i as u32 };
     if let Some((dev, f)) = new_frame {
         if next.loc() == Loc::Device(dev.id as u8) {
             p.frame[i] = f;
         } else {
             // Room was reserved in step 2.
             let _ = p.dups.push(Dup { page: i, dev: dev.id as u8, frame: f }, GFP_NOWAIT);
+            dev.set_owner(f, who.clone(), F_CLEAN | F_REF, 0);
+        }
+        devmod::kick(&dev);
+    }
+    // The owner frame's replacement flags follow the page's state.
+    if let Loc::Device(d) = next.loc() {
+        if let Ok(dev) = device(d) {
+            let f = p.frame[i];
+            let old = dev.flags(f);
+            if env.access && old & F_PREFETCHED != 0 && a.free_frame != Some(d) {
+                settle_prefetch(&dev, true);
+            }
+            let mut set = if next.pinned() { F_PINNED } else { 0 };
+            if next.host_valid() && !next.dirty() {
+                set |= F_CLEAN;
+            }
+            let keep = if env.access { 0 } else { F_LENT | F_REF | F_PREFETCHED };
+            dev.set_owner(f, who, set | if env.access { F_REF } else { 0 }, keep);
         }
     }
     // 7.
@@ -164,6 +216,9 @@ pub(crate) fn apply(env: &Env<'_>, p: &mut Pages, i: usize, next: PageState, a: 
     // 8. Device mapping (a failure here leaves a consistent, merely unmapped page).
     if let Some(m) = a.map_dev {
         let dev = device(m.dev)?;
+        if !dev.alive() {
+            return Err(ENODEV);
+        }
         let ctx = space.ctx(&dev)?;
         let prot = GMEM_PROT_READ | if m.writable { GMEM_PROT_WRITE } else { 0 };
         let pte = if m.remote_host {
@@ -204,7 +259,7 @@ pub(crate) fn apply_range(
 }
 
 /// Releases everything a region holds (VMA close: munmap, FREE, exit). Idempotent.
-pub(crate) fn teardown(region: &Region) {
+pub(crate) fn teardown(region: &Arc<Region>) {
     use crate::policy::page_state::Event;
     region.space.remove_region(region);
     let mut p = region.pages.lock();
@@ -212,20 +267,20 @@ pub(crate) fn teardown(region: &Region) {
         return;
     }
     p.dead = true;
-    let env = Env { region, vma: None };
+    let env = Env::background(region);
     if let Err(e) = apply_range(&env, &mut p, 0, region.npages, Event::Free, EINVAL) {
         pr_err!("teardown of region {:#x} failed: {:?}\n", region.start, e);
     }
 }
 
 /// Moves everything `dev` holds in `region` to the host (device unregistration).
-pub(crate) fn evacuate(region: &Region, dev: &Device) -> Result {
+pub(crate) fn evacuate(region: &Arc<Region>, dev: &Device) -> Result {
     use crate::policy::page_state::{transition, Event};
     let mut p = region.pages.lock();
     if p.dead {
         return Ok(());
     }
-    let env = Env { region, vma: None };
+    let env = Env::background(region);
     let d = dev.id as u8;
     let mut moved = 0u64;
     for i in 0..region.npages {
@@ -238,6 +293,6 @@ pub(crate) fn evacuate(region: &Region, dev: &Device) -> Result {
         apply(&env, &mut p, i, next, &a)?;
         moved += 1;
     }
-    DevStats::add(&dev.stats.evictions, moved);
+    DevStats::add(&dev.stats.evacuated, moved);
     Ok(())
 }

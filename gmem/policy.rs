@@ -4,12 +4,18 @@
 
 #[path = "../policy/src/batch.rs"]
 pub(crate) mod batch;
+#[path = "../policy/src/evict.rs"]
+pub(crate) mod evict;
 #[path = "../policy/src/frames.rs"]
 pub(crate) mod frames;
 #[path = "../policy/src/page_state.rs"]
 pub(crate) mod page_state;
+#[path = "../policy/src/prefetch.rs"]
+pub(crate) mod prefetch;
 #[path = "../policy/src/range.rs"]
 pub(crate) mod range;
+#[path = "../policy/src/thrash.rs"]
+pub(crate) mod thrash;
 
 /// The state machine as the kernel compiled it (the host runs the full property tests).
 #[kernel::prelude::kunit_tests(gmem_page_state)]
@@ -28,15 +34,25 @@ mod tests {
         let (h, a) = go(PageState::EMPTY, Event::CpuFault { write: true });
         assert!(a.alloc_host && a.map_cpu && h.loc() == Loc::Host);
         let ev = Event::DevFault { dev: 1, write: false, read_mostly: false, accessed_by: false };
+        // A read migration keeps the host copy: the page is clean, mapped read-only.
         let (d, a) = go(h, ev);
         assert_eq!(d.loc(), Loc::Device(1));
         assert_eq!(a.copy, Copy::H2D(1));
-        assert!(a.zap_cpu && a.free_host && a.alloc_frame == Some(1));
+        assert!(a.zap_cpu && !a.free_host && a.alloc_frame == Some(1));
+        assert!(d.host_valid() && !d.dirty());
+        assert_eq!(a.map_dev.map(|m| m.writable), Some(false));
+        // Coming back clean needs no copy.
         let (back, a) = go(d, Event::CpuFault { write: false });
         assert_eq!(back.loc(), Loc::Host);
-        assert_eq!(a.copy, Copy::D2H(1));
+        assert_eq!(a.copy, Copy::None);
         assert_eq!(a.free_frame, Some(1));
         assert_eq!(back.query_word() & 0xff, Q_LOC_HOST);
+        // A device write makes it dirty (host copy released); coming back then copies.
+        let wr = Event::DevFault { dev: 1, write: true, read_mostly: false, accessed_by: false };
+        let (w, a) = go(d, wr);
+        assert!(w.dirty() && !w.host_valid() && a.free_host);
+        let (_, a) = go(w, Event::CpuFault { write: false });
+        assert_eq!(a.copy, Copy::D2H(1));
     }
 
     #[test]

@@ -81,8 +81,8 @@ pub(crate) struct Region {
 }
 
 impl Region {
-    /// A region of `npages` never-touched pages at `start`, with `preferred` as its
-    /// initial preferred location (advice bits).
+    /// A region of `npages` never-touched pages at `start`, with `initial_advice` (advice
+    /// bits, e.g. ALLOC's preferred device) over all of it.
     pub(crate) fn new(space: Arc<Space>, start: usize, npages: usize, initial_advice: u32) -> Result<Arc<Region>> {
         let mut state = KVVec::with_capacity(npages, GFP_KERNEL_ACCOUNT)?;
         let mut frame = KVVec::with_capacity(npages, GFP_KERNEL_ACCOUNT)?;

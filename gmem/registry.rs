@@ -159,6 +159,7 @@ mod tests {
         tlb_invalidate: None,
         copy: None,
         frame_page: None,
+        test_clear_accessed: None,
     };
 
     #[test]
@@ -184,7 +185,7 @@ mod tests {
         for _ in 0..8 {
             got.push(a.alloc_frame().expect("frame"), GFP_KERNEL).expect("push");
         }
-        assert_eq!(a.alloc_frame().err(), Some(ENOMEM));
+        assert_eq!(a.alloc_frame().err(), Some(ENOSPC));
         a.free_frame(got[3]);
         assert_eq!(a.alloc_frame().ok(), Some(got[3]));
         assert_eq!(a.frames_used(), 8);
@@ -224,6 +225,7 @@ mod tests {
             tlb_invalidate: Some(u),
             copy: Some(cp),
             frame_page: None,
+        test_clear_accessed: None,
         };
         let p = props(1);
         // SAFETY: `OPS` is static and complete; `p` is a live local.

@@ -4,11 +4,12 @@
 //! context (device page table) per device that touched the space. Several devices may be
 //! attached to one space at once.
 //!
-//! Lock order: mmap lock -> `SPACES` -> (maple tree's internal lock, leaf) ;
-//! mmap lock -> region pages (`Region::pages`) -> `Space::ctxs` -> `Device::frames`.
+//! Lock order: `SPACES` and the maple tree's internal lock are leaves; `Space::ctxs` and
+//! `Space::thrash` are taken under a region's page lock (see Documentation/design.rst).
 
 use crate::abi::GmemSpaceHandle;
 use crate::device::{Ctx, Device, DeviceOps};
+use crate::policy::thrash::ThrashTable;
 use crate::region::Region;
 use crate::registry::MAX_DEVICES;
 use core::sync::atomic::{AtomicU64, Ordering};
@@ -37,8 +38,14 @@ pub(crate) struct Space {
     /// Device contexts by device id.
     #[pin]
     ctxs: Mutex<[Option<(Arc<Device>, Ctx)>; MAX_DEVICES]>,
+    /// Recently migrated pages, for thrashing detection (a leaf lock).
+    #[pin]
+    pub(crate) thrash: Mutex<ThrashTable<THRASH_ENTRIES>>,
     pub(crate) stats: SpaceStats,
 }
+
+/// Pages tracked per space for thrashing detection.
+pub(crate) const THRASH_ENTRIES: usize = 128;
 
 // SAFETY: every field is thread-safe; the maple tree (whose Rust abstraction does not
 // declare it) serialises all access through its internal `ma_lock` and stores `Arc<Region>`,
@@ -86,6 +93,7 @@ pub(crate) fn open(mm: &Mm) -> Result<Arc<Space>> {
             mm: ARef::from(mm),
             regions <- MapleTree::new(),
             ctxs <- new_mutex!([const { None }; MAX_DEVICES], "gmem_space_ctxs"),
+            thrash <- new_mutex!(ThrashTable::new(), "gmem_space_thrash"),
             stats: SpaceStats::default(),
         }),
         GFP_KERNEL,

@@ -69,6 +69,12 @@ struct gmem_dev_ops {
 	int (*copy)(void *drv, __u32 dir, const struct gmem_copy *c, __u32 n, void *peer_drv);
 	/* Optional: the host-visible page behind a frame, for CPU remote mapping (NULL: none). */
 	struct page *(*frame_page)(void *drv, __u64 frame);
+	/*
+	 * Optional: test and clear the device's accessed bit of the PTE at @va in @ctx.
+	 * Returns 1 if the device touched the page since the last call, 0 if not (or unmapped).
+	 * Feeds gmem's replacement order (second chance) and prefetch accounting.
+	 */
+	int (*test_clear_accessed)(void *drv, void *ctx, __u64 va);
 };
 
 struct gmem_dev_props {
@@ -102,10 +108,14 @@ void *gmem_space_ctx(struct gmem_dev *dev, struct gmem_space *space);
 
 /*
  * Service a batch of device faults of @dev in @space: @n page addresses (any order,
- * duplicates allowed) with the access kind @access. On return 0, every address is mapped in
- * the device's context for @space with at least the access asked for.
- * -EFAULT: an address is not in a GMEM region (the device must fail the kernel);
- * -ENOMEM: neither device nor host memory could be found.
+ * duplicates allowed, at most 4096) with the access kind @access. On return 0, every address
+ * is mapped in the device's context for @space with at least the access asked for.
+ * Errors (the device must fail the kernel that faulted):
+ *   -EFAULT  an address is not in a GMEM region of @space, or the process is exiting;
+ *   -ENODEV  the device is unregistering;
+ *   -EBUSY   the page is pinned on another device;
+ *   -ENOMEM  no device frame could be freed (all pinned) or host memory ran out;
+ *   -EINVAL  bad arguments; other negative values are the driver's own callback errors.
  */
 int gmem_dev_fault(struct gmem_dev *dev, struct gmem_space *space,
 		   const __u64 *addrs, __u32 n, __u32 access);

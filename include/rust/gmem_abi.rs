@@ -18,7 +18,7 @@ pub const GMEM_COPY_D2H: u32 = 1;
 pub const GMEM_COPY_D2D: u32 = 2;
 pub const GMEM_COPY_ZERO: u32 = 3;
 
-/// Opaque handle of a registered device (really `gmem::registry::Device`).
+/// Opaque handle of a registered device (really `gmem::device::Device`).
 #[repr(C)]
 pub struct GmemDevHandle {
     _private: [u8; 0],
@@ -71,6 +71,7 @@ pub struct GmemDevOps {
         ) -> c_int,
     >,
     pub frame_page: Option<unsafe extern "C" fn(drv: *mut c_void, frame: u64) -> *mut bindings::page>,
+    pub test_clear_accessed: Option<unsafe extern "C" fn(drv: *mut c_void, ctx: *mut c_void, va: u64) -> c_int>,
 }
 
 /// `struct gmem_dev_props`.
@@ -83,8 +84,8 @@ pub struct GmemDevProps {
     pub drv: *mut c_void,
 }
 
-/// Sizes and offsets of the structs above, in the order `gmem_c_layout[]` lists them.
-pub const ABI_LAYOUT: [usize; 9] = [
+/// Sizes and offsets of the structs above, in the order `gmem_c_abi_layout[]` lists them.
+pub const ABI_LAYOUT: [usize; 10] = [
     core::mem::size_of::<GmemPte>(),
     core::mem::offset_of!(GmemPte, prot),
     core::mem::size_of::<GmemCopy>(),
@@ -92,6 +93,7 @@ pub const ABI_LAYOUT: [usize; 9] = [
     core::mem::size_of::<GmemDevOps>(),
     core::mem::offset_of!(GmemDevOps, copy),
     core::mem::offset_of!(GmemDevOps, frame_page),
+    core::mem::offset_of!(GmemDevOps, test_clear_accessed),
     core::mem::size_of::<GmemDevProps>(),
     core::mem::offset_of!(GmemDevProps, drv),
 ];

@@ -10,6 +10,9 @@
 extern crate std;
 
 pub mod batch;
+pub mod evict;
 pub mod frames;
 pub mod page_state;
+pub mod prefetch;
 pub mod range;
+pub mod thrash;

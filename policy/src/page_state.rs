@@ -8,15 +8,24 @@
 //! and keeps the old state. Allocations come first for exactly that reason.
 //!
 //! Invariants kept by every transition (property-tested in `tests/page_state_model.rs`):
-//! - Exactly one authoritative copy: `Loc::None` (the page reads zeros, nothing is
+//! - One authoritative location: `Loc::None` (the page reads zeros, nothing is
 //!   allocated), `Loc::Host` (the host page) or `Loc::Device(o)` (the frame of the single
 //!   owner `o`). Data is never lost except by `DontNeed`/`Free`, which ask for it.
 //! - On `Loc::Host` the page is clean (`!dirty`), `host_valid`, never pinned; only there
 //!   can devices map it remotely (`remote_mask`).
-//! - On `Loc::Device(o)` the CPU does not map the page, `dirty` is set and the host page has
-//!   been released (`!host_valid`): migration to a device frees the host page.
-//! - `pinned` implies `Loc::Device`; a pinned page leaves its device only through
-//!   `DeviceGone` of that device or `Free` (`Unpin` first otherwise).
+//! - On `Loc::Device(o)` the CPU does not map the page and either `dirty && !host_valid`
+//!   (the owner frame is the only copy; the host page has been released) or
+//!   `!dirty && host_valid` ("clean": the host page holds the same data as the owner frame).
+//!   A read migration from the host keeps the host page (clean), so that leaving the device
+//!   later (CPU fault, `Evict`, `Prefetch` to host, `DeviceGone`) needs no copy; a device
+//!   write turns the page dirty and releases the host page; `WriteBack` copies a dirty page
+//!   home and makes it clean again. Migrations between devices (`D2D`, `EvictTo`) keep the
+//!   clean/dirty status and the host page.
+//! - A device maps the owner frame writable only while the page is dirty and has no
+//!   duplicates: every `map_dev` of a device frame in a clean state or in a state with
+//!   duplicates is read-only, and the transitions that make a page clean (`WriteBack`)
+//!   revoke the owner mapping. Hence the owner frame is never written while clean: a write
+//!   faults first, and that fault dirties the page.
 //! - Duplicates (`dup_mask`, READ_MOSTLY) are read-only copies of the current data on
 //!   devices other than the owner. While any exist, every mapping of the page is read-only:
 //!   creating the first duplicate revokes the CPU mapping, the remote mappings and the
@@ -105,12 +114,19 @@ pub enum Event {
     Unpin,
     /// Discard the data everywhere (refused while pinned).
     DontNeed,
-    /// Owner device -> host (refused if pinned).
+    /// Owner device -> host (refused if pinned); no copy if the page is clean.
     Evict,
     /// The device is unregistering: it must hold nothing of the page afterwards.
     DeviceGone { dev: u8 },
     /// The region is freed: release everything.
     Free,
+    /// Background cleaning: copy a dirty device page to a new host page and keep both
+    /// (the page becomes clean; the owner's mapping is revoked, the next device write
+    /// faults). A no-op on anything else; never refused.
+    WriteBack,
+    /// Eviction to a peer: move the page from its owner to a spare frame of `dev`, mapped by
+    /// nobody (refused while pinned; a no-op if not on a device or already on `dev`).
+    EvictTo { dev: u8 },
 }
 
 /// Data movement or zero fill into the newly allocated place (step 3).
@@ -209,11 +225,6 @@ impl Fields {
     };
     /// The authoritative copy is the (clean) host page.
     const HOST: Fields = Fields { loc: Loc::Host, host_valid: true, ..Fields::NONE };
-
-    /// The authoritative copy is a new frame on `d`; the host copy is gone.
-    const fn device(d: u8) -> Fields {
-        Fields { loc: Loc::Device(d), dirty: true, ..Fields::NONE }
-    }
 
     /// Packs into the layout described in the module documentation. Normalises: fields that
     /// cannot exist at a location are dropped.
@@ -374,36 +385,79 @@ fn collapse(f: &mut Fields, a: &mut Actions) {
     f.dup = 0;
 }
 
-/// `Device(o)` -> `Host`: copy back, drop the owner frame and the duplicates. The CPU is not
-/// mapped afterwards; the pin is gone.
+/// On a device: the host page holds the current data too (see the module invariants).
+fn clean(f: Fields) -> bool {
+    f.host_valid && !f.dirty
+}
+
+/// A write to the owner's frame is coming: drop the duplicates and the host copy, which
+/// would become stale.
+fn make_dirty(f: Fields, a: &mut Actions) -> Fields {
+    let mut n = f;
+    collapse(&mut n, a);
+    if n.host_valid {
+        a.free_host = true;
+        n.host_valid = false;
+    }
+    n.dirty = true;
+    n
+}
+
+/// The mapping of `d`'s own frame for new device state `n`: writable only if the page is
+/// dirty (no host copy to keep in sync) and no duplicates exist.
+fn local_map(n: Fields, d: u8) -> Option<DevMap> {
+    let writable = n.dirty && !n.host_valid && n.dup == 0;
+    Some(DevMap { dev: d, writable, remote_host: false })
+}
+
+/// `Device(o)` -> `Host`: drop the owner frame and the duplicates, copying back first
+/// unless the host page is current (clean). The CPU is not mapped afterwards; the pin is
+/// gone.
 fn dev_to_host(f: Fields, o: u8, a: &mut Actions) -> Fields {
-    a.alloc_host = true;
-    a.copy = Copy::D2H(o);
+    if !clean(f) {
+        a.alloc_host = true;
+        a.copy = Copy::D2H(o);
+    }
     a.unmap_dev |= bit(o) | f.dup;
     a.free_frame = Some(o);
     a.free_dup_frames |= f.dup;
     Fields::HOST
 }
 
-/// `Host` -> `Device(d)`: copy, revoke every mapping of the host page, free it.
+/// `Host` -> `Device(d)`: copy, revoke every mapping of the host page, keep the host page
+/// (the new state is clean; a write makes it dirty with [`make_dirty`]).
 fn host_to_dev(f: Fields, d: u8, a: &mut Actions) -> Fields {
     a.alloc_frame = Some(d);
     a.copy = Copy::H2D(d);
     a.zap_cpu = f.cpu_mapped;
     a.unmap_dev |= f.dup | f.remote;
     a.free_dup_frames |= f.dup;
-    a.free_host = true;
-    Fields::device(d)
+    Fields { loc: Loc::Device(d), host_valid: true, ..Fields::NONE }
 }
 
-/// `Device(o)` -> `Device(d)`, `d != o`.
+/// `Device(o)` -> `Device(d)`, `d != o`: the clean/dirty status and the host page stay.
 fn dev_to_dev(f: Fields, o: u8, d: u8, a: &mut Actions) -> Fields {
     a.alloc_frame = Some(d);
     a.copy = Copy::D2D { from: o, to: d };
     a.unmap_dev |= bit(o) | f.dup;
     a.free_frame = Some(o);
     a.free_dup_frames |= f.dup;
-    Fields::device(d)
+    Fields { loc: Loc::Device(d), dirty: f.dirty, host_valid: f.host_valid, ..Fields::NONE }
+}
+
+/// Copies a dirty device page home and keeps both copies (`Event::WriteBack`).
+fn write_back(f: Fields, a: &mut Actions) -> Fields {
+    match f.loc {
+        Loc::Device(o) if !clean(f) => {
+            a.alloc_host = true;
+            a.copy = Copy::D2H(o);
+            // Revoke the (maybe writable) owner mapping before the copy; the next device
+            // access faults and gets a read-only one.
+            a.unmap_dev = bit(o);
+            Fields { dirty: false, host_valid: true, ..f }
+        }
+        _ => f,
+    }
 }
 
 /// Adds a read-only duplicate on `d` (not the owner, not yet a duplicate holder).
@@ -478,21 +532,21 @@ fn dev_fault(
     accessed_by: bool,
     a: &mut Actions,
 ) -> Result<Fields, Refused> {
-    let local = |writable| Some(DevMap { dev: d, writable, remote_host: false });
     let remote = |writable| Some(DevMap { dev: d, writable, remote_host: true });
     let is_dup = f.dup & bit(d) != 0;
+    // Arms that map the host page remotely or a duplicate return directly; the others give
+    // the state in which `d` owns the page.
     let n = match f.loc {
         Loc::None if accessed_by => {
             a.alloc_host = true;
             a.copy = Copy::ZeroHost;
             a.map_dev = remote(true);
-            Fields { remote: bit(d), ..Fields::HOST }
+            return Ok(Fields { remote: bit(d), ..Fields::HOST });
         }
         Loc::None => {
             a.alloc_frame = Some(d);
             a.copy = Copy::ZeroDev(d);
-            a.map_dev = local(true);
-            Fields::device(d)
+            Fields { loc: Loc::Device(d), dirty: true, ..Fields::NONE }
         }
         Loc::Host if accessed_by => {
             let mut n = f;
@@ -507,39 +561,30 @@ fn dev_fault(
             }
             n.remote |= bit(d);
             a.map_dev = remote(n.dup == 0);
-            n
+            return Ok(n);
         }
         Loc::Host | Loc::Device(_) if is_dup && !write => {
             // Re-map the existing duplicate.
-            a.map_dev = local(false);
-            f
+            a.map_dev = Some(DevMap { dev: d, writable: false, remote_host: false });
+            return Ok(f);
         }
-        Loc::Host if read_mostly && !write => add_dup(f, d, Copy::H2D(d), a),
-        Loc::Host => {
-            a.map_dev = local(true);
-            host_to_dev(f, d, a)
-        }
-        Loc::Device(o) if o == d => {
-            let mut n = f;
-            if write {
-                collapse(&mut n, a);
-                n.dirty = true;
-            }
-            a.map_dev = local(n.dup == 0);
-            n
-        }
+        Loc::Host if read_mostly && !write => return Ok(add_dup(f, d, Copy::H2D(d), a)),
+        Loc::Host => host_to_dev(f, d, a),
+        Loc::Device(o) if o == d => f,
         Loc::Device(_) if f.pinned => return Err(Refused::PinnedElsewhere),
         Loc::Device(o) if accessed_by => {
             // ACCESSED_BY maps the host page: bring the data home, then map it remotely.
             a.map_dev = remote(true);
-            Fields { remote: bit(d), ..dev_to_host(f, o, a) }
+            return Ok(Fields { remote: bit(d), ..dev_to_host(f, o, a) });
         }
-        Loc::Device(o) if read_mostly && !write => add_dup(f, d, Copy::D2D { from: o, to: d }, a),
-        Loc::Device(o) => {
-            a.map_dev = local(true);
-            dev_to_dev(f, o, d, a)
+        Loc::Device(o) if read_mostly && !write => {
+            return Ok(add_dup(f, d, Copy::D2D { from: o, to: d }, a))
         }
+        Loc::Device(o) => dev_to_dev(f, o, d, a),
     };
+    // `n` is `Device(d)`: d maps its own frame, writable only once the page is dirty.
+    let n = if write { make_dirty(n, a) } else { n };
+    a.map_dev = local_map(n, d);
     Ok(n)
 }
 
@@ -555,7 +600,7 @@ fn prefetch(f: Fields, to: Target, a: &mut Actions) -> Result<Fields, Refused> {
         (Loc::None, Target::Device(d)) => {
             a.alloc_frame = Some(d);
             a.copy = Copy::ZeroDev(d);
-            Fields::device(d)
+            Fields { loc: Loc::Device(d), dirty: true, ..Fields::NONE }
         }
         (Loc::Host, Target::Host) => f,
         (Loc::Host, Target::Device(d)) => host_to_dev(f, d, a),
@@ -566,7 +611,7 @@ fn prefetch(f: Fields, to: Target, a: &mut Actions) -> Result<Fields, Refused> {
     };
     // A page moved to a device is mapped there too, so the device does not fault on it.
     if let (Target::Device(d), true) = (to, n.loc != f.loc) {
-        a.map_dev = Some(DevMap { dev: d, writable: n.dup == 0, remote_host: false });
+        a.map_dev = local_map(n, d);
     }
     Ok(n)
 }
@@ -619,6 +664,16 @@ pub fn transition(s: PageState, e: Event) -> Result<(PageState, Actions), Refuse
             }
         }
         Event::Free => release(f, &mut a),
+        Event::WriteBack => write_back(f, &mut a),
+        Event::EvictTo { dev } => {
+            check_dev(dev)?;
+            match f.loc {
+                Loc::Device(_) if f.pinned => return Err(Refused::Pinned),
+                // Parked on the peer: nobody maps it until the next fault.
+                Loc::Device(o) if o != dev => dev_to_dev(f, o, dev, &mut a),
+                _ => f,
+            }
+        }
     };
     Ok((n.pack(), a))
 }
@@ -665,20 +720,179 @@ mod tests {
         assert_eq!(s.query_word(), Q_LOC_DEVICE | (3 << 8) | Q_DIRTY);
     }
 
+    const RO: fn(u8) -> Option<DevMap> =
+        |dev| Some(DevMap { dev, writable: false, remote_host: false });
+    const RW: fn(u8) -> Option<DevMap> =
+        |dev| Some(DevMap { dev, writable: true, remote_host: false });
+
+    /// A host page the CPU has written (and still maps).
+    fn host_page() -> PageState {
+        go(PageState::EMPTY, Event::CpuFault { write: true }).0
+    }
+
     #[test]
-    fn host_to_device_migration_revokes_cpu_and_frees_host() {
-        let (s, _) = go(PageState::EMPTY, Event::CpuFault { write: true });
-        let (s, a) = go(s, dev_fault(1, false));
+    fn read_migration_keeps_a_clean_host_copy() {
+        let (s, a) = go(host_page(), dev_fault(1, false));
         assert_eq!(s.loc(), Loc::Device(1));
-        assert!(a.zap_cpu && a.free_host && !s.cpu_mapped());
-        assert_eq!(a.copy, Copy::H2D(1));
-        // And back: the CPU fault copies the frame home and frees it.
-        let (s, a) = go(s, Event::CpuFault { write: false });
-        assert_eq!(s.loc(), Loc::Host);
-        assert_eq!(a.copy, Copy::D2H(1));
-        assert_eq!(a.free_frame, Some(1));
-        assert_eq!(a.unmap_dev, 1 << 1);
-        assert!(a.map_cpu && s.cpu_mapped());
+        assert!(s.host_valid() && !s.dirty() && !s.cpu_mapped());
+        assert_eq!(
+            a,
+            Actions {
+                alloc_frame: Some(1),
+                copy: Copy::H2D(1),
+                zap_cpu: true,
+                map_dev: RO(1),
+                ..Actions::default()
+            }
+        );
+        assert_eq!(s.query_word(), Q_LOC_DEVICE | (1 << 8));
+        // Leaving the device needs no copy: the host page is current.
+        let (h, a) = go(s, Event::CpuFault { write: false });
+        assert_eq!(h.loc(), Loc::Host);
+        assert_eq!(
+            a,
+            Actions { unmap_dev: 1 << 1, free_frame: Some(1), map_cpu: true, ..Actions::default() }
+        );
+    }
+
+    #[test]
+    fn write_fault_on_clean_page_dirties_it_and_drops_the_host_copy() {
+        let (s, _) = go(host_page(), dev_fault(1, false));
+        let (w, a) = go(s, dev_fault(1, true));
+        assert_eq!(w.loc(), Loc::Device(1));
+        assert!(w.dirty() && !w.host_valid());
+        assert_eq!(a, Actions { free_host: true, map_dev: RW(1), ..Actions::default() });
+        // A read fault on the dirty page maps it writable again (nothing to keep in sync).
+        let (_, a) = go(w, dev_fault(1, false));
+        assert_eq!(a.map_dev, RW(1));
+        // Leaving a dirty page copies it home.
+        let (h, a) = go(w, Event::CpuFault { write: false });
+        assert_eq!(h.loc(), Loc::Host);
+        assert_eq!((a.alloc_host, a.copy, a.free_frame), (true, Copy::D2H(1), Some(1)));
+    }
+
+    #[test]
+    fn write_migration_from_host_frees_the_host_page() {
+        let (s, a) = go(host_page(), dev_fault(2, true));
+        assert!(s.dirty() && !s.host_valid());
+        assert!(a.zap_cpu && a.free_host);
+        assert_eq!((a.copy, a.map_dev), (Copy::H2D(2), RW(2)));
+        let (z, a) = go(PageState::EMPTY, dev_fault(2, false));
+        assert!(z.dirty() && !z.host_valid(), "nothing on the host to keep");
+        assert_eq!(a.map_dev, RW(2));
+    }
+
+    #[test]
+    fn clean_shortcut_for_evict_prefetch_and_device_gone() {
+        let (s, _) = go(host_page(), dev_fault(3, false));
+        let shortcut = Actions { unmap_dev: 1 << 3, free_frame: Some(3), ..Actions::default() };
+        for e in [Event::Evict, Event::Prefetch { to: Target::Host }, Event::DeviceGone { dev: 3 }]
+        {
+            let (h, a) = go(s, e);
+            assert_eq!((h.loc(), h.host_valid(), h.cpu_mapped()), (Loc::Host, true, false));
+            assert_eq!(a, shortcut, "{e:?}");
+        }
+        // A clean pinned page keeps its pin; DeviceGone still needs no copy.
+        let (p, _) = go(s, Event::Pin { dev: 3 });
+        assert!(p.pinned() && !p.dirty() && p.host_valid());
+        assert_eq!(transition(p, Event::Evict), Err(Refused::Pinned));
+        assert_eq!(go(p, Event::DeviceGone { dev: 3 }).1, shortcut);
+    }
+
+    #[test]
+    fn prefetch_and_pin_from_host_are_clean_and_read_only() {
+        let (s, a) = go(host_page(), Event::Prefetch { to: Target::Device(4) });
+        assert!(!s.dirty() && s.host_valid());
+        assert_eq!(a.map_dev, RO(4));
+        assert!(!a.free_host && a.zap_cpu);
+        let (p, a) = go(host_page(), Event::Pin { dev: 5 });
+        assert!(p.pinned() && !p.dirty() && p.host_valid());
+        assert_eq!(a.map_dev, RO(5));
+        assert!(!a.free_host);
+    }
+
+    #[test]
+    fn device_to_device_keeps_the_clean_status() {
+        let (s, _) = go(host_page(), dev_fault(0, false));
+        let (t, a) = go(s, dev_fault(1, false));
+        assert!(t.loc() == Loc::Device(1) && t.host_valid() && !t.dirty());
+        assert_eq!((a.copy, a.map_dev, a.free_host), (Copy::D2D { from: 0, to: 1 }, RO(1), false));
+        // A write migration of a clean page drops the host copy.
+        let (w, a) = go(s, dev_fault(1, true));
+        assert!(w.dirty() && !w.host_valid());
+        assert_eq!((a.copy, a.map_dev, a.free_host), (Copy::D2D { from: 0, to: 1 }, RW(1), true));
+        // A dirty page stays dirty.
+        let (d, _) = go(PageState::EMPTY, dev_fault(0, true));
+        let (t, a) = go(d, dev_fault(1, false));
+        assert!(t.dirty() && !t.host_valid());
+        assert_eq!(a.map_dev, RW(1));
+    }
+
+    #[test]
+    fn write_back_cleans_a_dirty_page_and_revokes_its_mapping() {
+        let (d, _) = go(PageState::EMPTY, Event::Pin { dev: 6 });
+        let (c, a) = go(d, Event::WriteBack);
+        assert_eq!(
+            (c.loc(), c.pinned(), c.dirty(), c.host_valid()),
+            (Loc::Device(6), true, false, true)
+        );
+        assert_eq!(
+            a,
+            Actions {
+                alloc_host: true,
+                copy: Copy::D2H(6),
+                unmap_dev: 1 << 6,
+                ..Actions::default()
+            }
+        );
+        // The next access maps read-only; a write dirties it again.
+        assert_eq!(go(c, dev_fault(6, false)).1.map_dev, RO(6));
+        assert!(go(c, dev_fault(6, true)).0.dirty());
+        // No-op on a clean page, on the host and on an empty page.
+        for s in [c, host_page(), PageState::EMPTY] {
+            assert_eq!(go(s, Event::WriteBack), (s, Actions::default()));
+        }
+    }
+
+    #[test]
+    fn write_back_keeps_duplicates() {
+        let (d, _) = go(PageState::EMPTY, dev_fault(0, true));
+        let (d, _) = go(d, read_mostly(1));
+        let (c, a) = go(d, Event::WriteBack);
+        assert_eq!(c.dup_mask(), 1 << 1);
+        assert_eq!(a.free_dup_frames, 0);
+        assert_eq!(go(c, dev_fault(0, false)).1.map_dev, RO(0));
+    }
+
+    #[test]
+    fn evict_to_parks_the_page_on_a_peer_unmapped() {
+        let (d, _) = go(PageState::EMPTY, dev_fault(0, true));
+        let (d, _) = go(d, read_mostly(2));
+        let (p, a) = go(d, Event::EvictTo { dev: 2 });
+        assert_eq!((p.loc(), p.dirty(), p.dup_mask()), (Loc::Device(2), true, 0));
+        assert_eq!(
+            a,
+            Actions {
+                alloc_frame: Some(2),
+                copy: Copy::D2D { from: 0, to: 2 },
+                unmap_dev: (1 << 0) | (1 << 2),
+                free_frame: Some(0),
+                free_dup_frames: 1 << 2,
+                ..Actions::default()
+            }
+        );
+        // Clean pages stay clean (and keep the host page).
+        let (c, _) = go(host_page(), dev_fault(1, false));
+        let (p, a) = go(c, Event::EvictTo { dev: 3 });
+        assert!(p.loc() == Loc::Device(3) && p.host_valid() && !p.dirty());
+        assert!(a.map_dev.is_none() && !a.free_host);
+        // No-ops, refusals.
+        for s in [PageState::EMPTY, host_page(), p] {
+            assert_eq!(go(s, Event::EvictTo { dev: 3 }), (s, Actions::default()));
+        }
+        let (pin, _) = go(c, Event::Pin { dev: 1 });
+        assert_eq!(transition(pin, Event::EvictTo { dev: 3 }), Err(Refused::Pinned));
+        assert_eq!(transition(c, Event::EvictTo { dev: 16 }), Err(Refused::BadDevice));
     }
 
     #[test]
@@ -746,10 +960,7 @@ mod tests {
         assert_eq!(transition(s, Event::CpuFault { write: false }), Err(Refused::Pinned));
         assert_eq!(transition(s, dev_fault(2, false)), Err(Refused::PinnedElsewhere));
         assert_eq!(transition(s, Event::Pin { dev: 2 }), Err(Refused::PinnedElsewhere));
-        assert_eq!(
-            transition(s, Event::Prefetch { to: Target::Host }),
-            Err(Refused::Pinned)
-        );
+        assert_eq!(transition(s, Event::Prefetch { to: Target::Host }), Err(Refused::Pinned));
         assert_eq!(s.query_word(), Q_LOC_DEVICE | (7 << 8) | Q_PINNED | Q_DIRTY);
         let (u, a) = go(s, Event::Unpin);
         assert!(!u.pinned());
@@ -767,6 +978,7 @@ mod tests {
             Event::Pin { dev: 200 },
             Event::Prefetch { to: Target::Device(16) },
             Event::DeviceGone { dev: 255 },
+            Event::EvictTo { dev: 16 },
         ] {
             assert_eq!(transition(PageState::EMPTY, e), Err(Refused::BadDevice), "{e:?}");
         }
@@ -777,7 +989,7 @@ mod tests {
         let (h, _) = go(PageState::EMPTY, Event::CpuFault { write: true });
         let (s, a) = go(h, Event::Prefetch { to: Target::Device(2) });
         assert_eq!(s.loc(), Loc::Device(2));
-        assert_eq!(a.map_dev, Some(DevMap { dev: 2, writable: true, remote_host: false }));
+        assert_eq!(a.map_dev, RO(2), "clean: read-only until the device writes");
         assert!(a.zap_cpu && !a.map_cpu);
         let (_, p) = go(PageState::EMPTY, Event::Pin { dev: 1 });
         assert_eq!(p.map_dev, Some(DevMap { dev: 1, writable: true, remote_host: false }));
@@ -813,7 +1025,9 @@ mod tests {
         let s = f.pack();
         assert_eq!(s.unpack(), f);
         assert_eq!(PageState::from_bits(s.bits()), s);
-        let d = Fields { dup: 0x7ffe, pinned: true, ..Fields::device(15) }.pack();
+        let d =
+            Fields { loc: Loc::Device(15), dirty: true, dup: 0x7ffe, pinned: true, ..Fields::NONE };
+        let d = d.pack();
         assert_eq!((d.loc(), d.dup_mask(), d.pinned()), (Loc::Device(15), 0x7ffe, true));
     }
 

@@ -47,7 +47,8 @@ struct gmem_free {
 
 /* Advice values for GMEM_IOC_ADVISE. */
 #define GMEM_ADV_PREFETCH		1	/* migrate [addr,len) to @dev (or GMEM_HOST) */
-#define GMEM_ADV_PREFERRED_LOC		2	/* faults place pages on @dev */
+#define GMEM_ADV_PREFERRED_LOC		2	/* GMEM_HOST: devices map host pages remotely;
+						   a device: its pages there are evicted last */
 #define GMEM_ADV_UNSET_PREFERRED_LOC	3
 #define GMEM_ADV_ACCESSED_BY		4	/* @dev maps host pages remotely, no migration */
 #define GMEM_ADV_UNSET_ACCESSED_BY	5

@@ -81,6 +81,7 @@ impl Sim {
         unsafe { ioctl_raw(self.file.as_raw_fd(), GMEM_SIM_IOC_LAUNCH, l) }.map(|_| ())
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn launch(&self, kernel: u32, flags: u32, value: u32, a: u64, b: u64, len: u64, seed: u64, count: u64) -> Result<Outcome> {
         let mut l = SimLaunch { argsz: argsz::<SimLaunch>(), kernel, flags, value, a, b, len, seed, count, ..Default::default() };
         self.launch_raw(&mut l)?;

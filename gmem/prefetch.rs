@@ -1,0 +1,61 @@
+// SPDX-License-Identifier: GPL-2.0
+//! Prefetch on fault: after a device fault batch touched a 2 MiB block, fetch the block's
+//! other pages too when the density rule (`policy/src/prefetch.rs`, UVM's: a power-of-two
+//! subregion more than `prefetch_pct`% resident-or-faulted is fetched whole) says so.
+//! Switch off with `prefetch=0` in `/sys/kernel/debug/gmem/control` (for measuring).
+//!
+//! Prefetched frames carry `F_PREFETCHED` until the page is touched or leaves; the device's
+//! accessed bit then tells whether the prefetch was used or wasted (debugfs counters).
+//! Prefetch is speculative: it never evicts, it stops when the device is full.
+
+use crate::device::{DevStats, Device, Owner, F_PREFETCHED};
+use crate::migrate::{self, Env};
+use crate::policy::page_state::{transition, Event, Loc, Target};
+use crate::policy::prefetch::{density, BLOCK_PAGES};
+use crate::region::{Region, PAGE_SIZE};
+use crate::tune;
+use core::sync::atomic::Ordering::Relaxed;
+use kernel::{mm::virt::VmaRef, sync::Arc};
+
+/// Runs density prefetch for the block at `block_va` of `r` after a fault batch that
+/// touched the pages in `faulted` (bitmap over the block's 512 pages).
+pub(crate) fn on_fault(dev: &Arc<Device>, r: &Arc<Region>, vma: Option<&VmaRef>, block_va: usize, faulted: &[u64; 8]) {
+    let d = dev.id as u8;
+    let mut p = r.pages.lock();
+    if p.dead || !dev.alive() {
+        return;
+    }
+    let (mut resident, mut valid) = ([0u64; 8], [0u64; 8]);
+    for k in 0..BLOCK_PAGES {
+        if let Some(j) = r.index(block_va + k * PAGE_SIZE) {
+            valid[k / 64] |= 1 << (k % 64);
+            if p.state(j).loc() == Loc::Device(d) {
+                resident[k / 64] |= 1 << (k % 64);
+            }
+        }
+    }
+    let extra = density(&resident, faulted, &valid, tune::PREFETCH_PCT.load(Relaxed), BLOCK_PAGES);
+    let mut n = 0u64;
+    for k in 0..BLOCK_PAGES {
+        if extra[k / 64] & (1 << (k % 64)) == 0 {
+            continue;
+        }
+        let Some(j) = r.index(block_va + k * PAGE_SIZE) else { continue };
+        // Advice decides placement for advised pages; leave them alone.
+        if p.advice.get(j as u64) != 0 {
+            continue;
+        }
+        let Ok((next, a)) = transition(p.state(j), Event::Prefetch { to: Target::Device(d) }) else { continue };
+        match migrate::apply(&Env::access(r, vma), &mut p, j, next, &a) {
+            Ok(()) => {
+                if next.loc() == Loc::Device(d) {
+                    dev.set_owner(p.frame[j], Owner { region: r.clone(), page: j as u32 }, F_PREFETCHED, 0xff);
+                    n += 1;
+                }
+            }
+            // Full (or out of host memory): prefetch is only a bet, stop here.
+            Err(_) => break,
+        }
+    }
+    DevStats::add(&dev.stats.prefetched, n);
+}

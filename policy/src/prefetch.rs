@@ -1,0 +1,230 @@
+// SPDX-License-Identifier: GPL-2.0
+//! Fault-driven prefetch: density within a 2 MiB block (like NVIDIA UVM) and a stride
+//! detector.
+//!
+//! A block is [`BLOCK_PAGES`] pages; page sets are bitmaps of 8 `u64` words (page `i` is bit
+//! `i % 64` of word `i / 64`). [`density`] considers, for every faulted page, the aligned
+//! power-of-two subregions containing it, from 2 pages up to the whole block. A subregion is
+//! "dense" when more than `threshold_pct` percent of its valid pages are resident or
+//! faulted; the largest dense subregion of each faulted page is fetched whole. Because the
+//! subregions of a page are nested, that union equals the union of all dense subregions
+//! that contain a faulted page. When `max_pages` cuts the result short, pages of smaller
+//! subregions (closer to the faults) win, then lower page numbers.
+//!
+//! Invariants: the result is a subset of `valid`, disjoint from `resident | faulted`, and
+//! has at most `max_pages` pages; with `threshold_pct == 100` it is empty. Pure, no
+//! allocation, bounded work (511 subregions).
+//!
+//! [`Stride`] remembers the last three fault page numbers and reports a constant, non-zero
+//! stride between them; differences that do not fit an `i64` never count as a stride.
+#![allow(dead_code, unreachable_pub)]
+
+/// Pages in a 2 MiB block.
+pub const BLOCK_PAGES: usize = 512;
+/// Words of a block bitmap.
+const WORDS: usize = BLOCK_PAGES / 64;
+
+/// Word range and in-word mask of the aligned subregion `[start, start + size)`, where
+/// `size` is a power of two in `2..=512` and `start < 512` a multiple of it.
+fn span(start: usize, size: usize) -> (core::ops::Range<usize>, u64) {
+    let w0 = start / 64;
+    if size >= 64 {
+        (w0..(w0 + size / 64).min(WORDS), u64::MAX)
+    } else {
+        // size < 64 and start % size == 0, so the subregion lies within one word.
+        (w0..w0 + 1, (u64::MAX >> (64 - size)) << (start % 64))
+    }
+}
+
+/// Number of pages of `m` in the subregion.
+fn count(m: &[u64; WORDS], start: usize, size: usize) -> u64 {
+    let (r, mask) = span(start, size);
+    m.get(r).map_or(0, |ws| ws.iter().map(|w| u64::from((w & mask).count_ones())).sum())
+}
+
+/// Adds to `acc` the pages of `add` in the subregion, at most `*budget` of them (lowest
+/// first), and decrements the budget accordingly.
+fn take(acc: &mut [u64; WORDS], add: &[u64; WORDS], start: usize, size: usize, budget: &mut usize) {
+    let (r, mask) = span(start, size);
+    for i in r {
+        let (Some(&a), Some(slot)) = (add.get(i), acc.get_mut(i)) else { continue };
+        let mut w = a & mask & !*slot;
+        while w != 0 && *budget > 0 {
+            let low = w & w.wrapping_neg();
+            *slot |= low;
+            w &= !low;
+            *budget -= 1;
+        }
+    }
+}
+
+/// Pages to prefetch in addition to the faulted ones (see the module documentation).
+/// `threshold_pct` is clamped to `1..=100` (UVM uses 51); `max_pages == 0` disables it.
+pub fn density(
+    resident: &[u64; 8],
+    faulted: &[u64; 8],
+    valid: &[u64; 8],
+    threshold_pct: u32,
+    max_pages: usize,
+) -> [u64; 8] {
+    let t = u64::from(threshold_pct.clamp(1, 100));
+    // Populated pages counted against valid ones; candidates are the valid absent pages.
+    let mut populated = [0u64; WORDS];
+    let mut candidates = [0u64; WORDS];
+    for i in 0..WORDS {
+        populated[i] = (resident[i] | faulted[i]) & valid[i];
+        candidates[i] = valid[i] & !(resident[i] | faulted[i]);
+    }
+    let mut out = [0u64; WORDS];
+    let mut budget = max_pages;
+    let mut size = 2;
+    while size <= BLOCK_PAGES && budget > 0 {
+        let mut start = 0;
+        while start < BLOCK_PAGES && budget > 0 {
+            let nvalid = count(valid, start, size);
+            // Counts are at most 512 and t at most 100: no overflow.
+            let dense = count(&populated, start, size) * 100 > t * nvalid;
+            if dense && nvalid > 0 && count(faulted, start, size) > 0 {
+                take(&mut out, &candidates, start, size, &mut budget);
+            }
+            start += size;
+        }
+        size *= 2;
+    }
+    out
+}
+
+/// Stride detector over recent fault page numbers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stride {
+    /// The last three pages, most recent last; `len` of them are valid (at the end).
+    last: [u64; 3],
+    len: u8,
+}
+
+/// `b - a` as an `i64`, if it fits.
+fn diff(a: u64, b: u64) -> Option<i64> {
+    if b >= a {
+        i64::try_from(b - a).ok()
+    } else {
+        i64::try_from(a - b).ok().map(|d| -d)
+    }
+}
+
+impl Stride {
+    /// No history.
+    pub const fn new() -> Self {
+        Stride { last: [0; 3], len: 0 }
+    }
+
+    /// Records a fault at `page`; returns the stride if this and the two previous pages form
+    /// an arithmetic sequence with a non-zero difference.
+    pub fn record(&mut self, page: u64) -> Option<i64> {
+        self.last = [self.last[1], self.last[2], page];
+        if self.len < 3 {
+            self.len += 1;
+        }
+        if self.len < 3 {
+            return None;
+        }
+        let d1 = diff(self.last[0], self.last[1])?;
+        let d2 = diff(self.last[1], self.last[2])?;
+        (d1 == d2 && d1 != 0).then_some(d1)
+    }
+
+    /// Forgets the history.
+    pub fn reset(&mut self) {
+        *self = Stride::new();
+    }
+}
+
+impl Default for Stride {
+    fn default() -> Self {
+        Stride::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(pages: &[usize]) -> [u64; 8] {
+        let mut m = [0u64; 8];
+        for &p in pages {
+            m[p / 64] |= 1 << (p % 64);
+        }
+        m
+    }
+
+    fn pages(m: &[u64; 8]) -> std::vec::Vec<usize> {
+        (0..BLOCK_PAGES).filter(|p| m[p / 64] & (1 << (p % 64)) != 0).collect()
+    }
+
+    const ALL: [u64; 8] = [u64::MAX; 8];
+
+    #[test]
+    fn pair_completes_when_half_plus_one() {
+        // Page 4 faulted, 5 absent: 1/2 = 50% is not > 51%.
+        assert_eq!(pages(&density(&[0; 8], &set(&[4]), &ALL, 51, 512)), []);
+        // Pages 4 and 6 faulted, 5 resident: subregion 4..8 has 3/4 > 51%.
+        let r = density(&set(&[5]), &set(&[4, 6]), &ALL, 51, 512);
+        assert_eq!(pages(&r), [7]);
+    }
+
+    #[test]
+    fn largest_dense_subregion_wins() {
+        // 0..40 resident, fault at 40: 0..64 has 41/64 = 64% -> fetch 41..64; 0..128 has
+        // 41/128 (no).
+        let res: std::vec::Vec<usize> = (0..40).collect();
+        let r = density(&set(&res), &set(&[40]), &ALL, 51, 512);
+        assert_eq!(pages(&r), (41..64).collect::<std::vec::Vec<_>>());
+        // The same with a cap: closest subregions first (40..48 is 1/8, not dense; 32..48
+        // has 9/16 -> 41..48 first), then the rest of 0..64 in page order.
+        let r = density(&set(&res), &set(&[40]), &ALL, 51, 10);
+        assert_eq!(pages(&r), [41, 42, 43, 44, 45, 46, 47, 48, 49, 50]);
+    }
+
+    #[test]
+    fn end_of_region_counts_valid_pages_only() {
+        // The region ends at page 10. 8..16 is dense (its 2 valid pages are populated) but
+        // 10..16 does not exist.
+        let valid = set(&(0..10).collect::<std::vec::Vec<_>>());
+        assert_eq!(density(&set(&[8]), &set(&[9]), &valid, 51, 512), [0; 8]);
+        // 0..16 holds 6 of its 10 valid pages (60%, although only 6/16 of its size).
+        let r = density(&set(&[4, 5, 6, 7, 8]), &set(&[9]), &valid, 51, 512);
+        assert_eq!(pages(&r), [0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn disabled_and_saturated_thresholds() {
+        let f = set(&[0, 1, 2]);
+        assert_eq!(density(&[0; 8], &f, &ALL, 51, 0), [0; 8]);
+        assert_eq!(density(&[0; 8], &f, &ALL, 100, 512), [0; 8]);
+        assert_eq!(density(&[0; 8], &f, &ALL, 1000, 512), [0; 8]);
+        // Threshold 0 reads as 1: one fault makes every subregion up to 64 pages dense
+        // (1/64 > 1%), not 128 (1/128 < 1%).
+        let r = density(&[0; 8], &set(&[300]), &ALL, 0, 512);
+        assert_eq!(r, density(&[0; 8], &set(&[300]), &ALL, 1, 512));
+        assert_eq!(pages(&r), (256..320).filter(|&p| p != 300).collect::<std::vec::Vec<_>>());
+    }
+
+    #[test]
+    fn stride_detection() {
+        let mut s = Stride::new();
+        assert_eq!(s.record(10), None);
+        assert_eq!(s.record(13), None);
+        assert_eq!(s.record(16), Some(3));
+        assert_eq!(s.record(19), Some(3));
+        assert_eq!(s.record(19), None, "zero stride");
+        assert_eq!(s.record(17), None);
+        assert_eq!(s.record(15), Some(-2));
+        s.reset();
+        assert_eq!(s.record(15), None);
+        let mut s = Stride::default();
+        for p in [0, u64::MAX, 0] {
+            assert_eq!(s.record(p), None, "difference beyond i64");
+        }
+        let mut s = Stride::new();
+        assert_eq!([5, 5, 5].map(|p| s.record(p)), [None, None, None]);
+    }
+}

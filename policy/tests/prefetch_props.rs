@@ -1,0 +1,168 @@
+// SPDX-License-Identifier: GPL-2.0
+//! Property tests of `prefetch`: `density` against a per-page reference of UVM's rule
+//! (largest dense subregion per faulted page) and its documented bounds; `Stride` against
+//! a direct reference.
+
+use gmem_policy::prefetch::{density, Stride, BLOCK_PAGES};
+use proptest::prelude::*;
+
+type Bm = [u64; 8];
+
+fn get(m: &Bm, p: usize) -> bool {
+    m[p / 64] & (1 << (p % 64)) != 0
+}
+
+fn count(m: &Bm) -> usize {
+    m.iter().map(|w| w.count_ones() as usize).sum()
+}
+
+/// UVM's rule, page by page: for each faulted page, the largest aligned power-of-two
+/// subregion (2..=512 pages) in which more than `t`% of the valid pages are populated.
+fn reference(r: &Bm, f: &Bm, v: &Bm, t: u32) -> Bm {
+    let t = t.clamp(1, 100) as usize;
+    let mut out = [0u64; 8];
+    for p in (0..BLOCK_PAGES).filter(|&p| get(f, p)) {
+        let mut best = None;
+        let mut size = 2;
+        while size <= BLOCK_PAGES {
+            let start = p / size * size;
+            let sub = start..start + size;
+            let nvalid = sub.clone().filter(|&q| get(v, q)).count();
+            let pop = sub.clone().filter(|&q| get(v, q) && (get(r, q) || get(f, q))).count();
+            if nvalid > 0 && pop * 100 > t * nvalid {
+                best = Some(sub);
+            }
+            size *= 2;
+        }
+        for q in best.into_iter().flatten() {
+            if get(v, q) && !get(r, q) && !get(f, q) {
+                out[q / 64] |= 1 << (q % 64);
+            }
+        }
+    }
+    out
+}
+
+fn word() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        1 => Just(0u64),
+        1 => Just(u64::MAX),
+        2 => any::<u64>(),
+        2 => (any::<u64>(), any::<u64>()).prop_map(|(a, b)| a & b),
+        2 => (any::<u64>(), any::<u64>()).prop_map(|(a, b)| a | b),
+        1 => (0u32..64).prop_map(|n| u64::MAX.checked_shr(n).unwrap_or(0)),
+    ]
+}
+
+fn bitmap() -> impl Strategy<Value = Bm> {
+    prop::array::uniform8(word())
+}
+
+/// Sparse fault batches are the common case.
+fn faults() -> impl Strategy<Value = Bm> {
+    prop_oneof![
+        bitmap(),
+        prop::collection::vec(0usize..BLOCK_PAGES, 0..6).prop_map(|ps| {
+            let mut m = [0u64; 8];
+            for p in ps {
+                m[p / 64] |= 1 << (p % 64);
+            }
+            m
+        }),
+    ]
+}
+
+fn valid() -> impl Strategy<Value = Bm> {
+    prop_oneof![
+        Just([u64::MAX; 8]),
+        (1usize..=BLOCK_PAGES).prop_map(|end| {
+            let mut m = [0u64; 8];
+            for p in 0..end {
+                m[p / 64] |= 1 << (p % 64);
+            }
+            m
+        }),
+        bitmap(),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(1000))]
+
+    #[test]
+    fn density_bounds_and_reference(
+        r in bitmap(), f in faults(), v in valid(),
+        t in prop_oneof![8 => 1u32..=100, 1 => Just(51u32), 1 => any::<u32>()],
+        max in prop_oneof![Just(BLOCK_PAGES), 0usize..600],
+    ) {
+        let got = density(&r, &f, &v, t, max);
+        for i in 0..8 {
+            prop_assert_eq!(got[i] & !v[i], 0, "outside valid");
+            prop_assert_eq!(got[i] & (r[i] | f[i]), 0, "already there");
+        }
+        prop_assert!(count(&got) <= max);
+        let full = density(&r, &f, &v, t, BLOCK_PAGES);
+        prop_assert_eq!(full, reference(&r, &f, &v, t));
+        // A cap keeps a subset of the uncapped answer, as much of it as allowed.
+        for i in 0..8 {
+            prop_assert_eq!(got[i] & !full[i], 0);
+        }
+        prop_assert_eq!(count(&got), max.min(count(&full)));
+        if t >= 100 {
+            prop_assert_eq!(got, [0u64; 8]);
+        }
+    }
+
+    /// A 64-page subregion that is at least 52% resident or faulted (with a fault in it)
+    /// ends up complete under UVM's threshold of 51%.
+    #[test]
+    fn dense_64_page_subregion_is_completed(
+        mut r in bitmap(), mut f in faults(), mut v in valid(),
+        s in 0usize..8, pop in any::<u64>().prop_filter("at least 34 of 64", |p| p.count_ones() >= 34),
+        split in any::<u64>(), extra in any::<u64>(),
+    ) {
+        v[s] = pop | extra;
+        f[s] = (pop & split) | (pop & pop.wrapping_neg());
+        r[s] = pop & !f[s];
+        for i in 0..8 {
+            r[i] &= v[i];
+            f[i] &= v[i];
+        }
+        let got = density(&r, &f, &v, 51, BLOCK_PAGES);
+        prop_assert_eq!((got[s] | r[s] | f[s]) & v[s], v[s]);
+    }
+
+    #[test]
+    fn threshold_100_prefetches_nothing(r in bitmap(), f in faults(), v in valid()) {
+        prop_assert_eq!(density(&r, &f, &v, 100, BLOCK_PAGES), [0u64; 8]);
+    }
+
+    #[test]
+    fn stride_matches_reference(
+        pages in prop::collection::vec(prop_oneof![0u64..20, any::<u64>()], 0..40)
+    ) {
+        let mut s = Stride::new();
+        for (i, &p) in pages.iter().enumerate() {
+            let got = s.record(p);
+            let want = if i >= 2 {
+                let (a, b, c) = (pages[i - 2] as i128, pages[i - 1] as i128, p as i128);
+                let (d1, d2) = (b - a, c - b);
+                (d1 == d2 && d1 != 0).then(|| i64::try_from(d1).ok()).flatten()
+            } else {
+                None
+            };
+            prop_assert_eq!(got, want);
+        }
+    }
+
+    #[test]
+    fn arithmetic_sequences_are_detected(start in 0u64..1 << 40, d in -1000i64..1000, n in 3usize..20) {
+        prop_assume!(d != 0);
+        let mut s = Stride::new();
+        for k in 0..n {
+            let p = (start as i64 + d * k as i64 + 1_000_000) as u64;
+            let got = s.record(p);
+            prop_assert_eq!(got, if k >= 2 { Some(d) } else { None });
+        }
+    }
+}

@@ -1,0 +1,293 @@
+// SPDX-License-Identifier: GPL-2.0
+//! Overcommit: device memory as a cache. Every test verifies data by checksum against what
+//! the CPU computes independently. The guest loads gmem_sim with 16 MiB (4096 frames) per
+//! device, so "2x" is 32 MiB.
+
+use crate::harness::{child_exit, open, words, Test, TestResult};
+use crate::{ensure, expect_errno, ok};
+use libgmem::sim::{checksum, Sim};
+use libgmem::*;
+
+fn capacity(s: &Sim) -> std::result::Result<u64, String> {
+    Ok(ok!(s.info()).nr_frames * 4096)
+}
+
+/// Writes `/sys/kernel/debug/gmem/control`.
+pub fn control(cmd: &str) -> std::result::Result<(), String> {
+    std::fs::write("/sys/kernel/debug/gmem/control", cmd).map_err(|e| format!("control '{cmd}': {e}"))
+}
+
+/// A counter of device `dev` from `/sys/kernel/debug/gmem/devices` (e.g. "to_peer").
+pub fn counter(dev: u32, key: &str) -> std::result::Result<u64, String> {
+    let text = std::fs::read_to_string("/sys/kernel/debug/gmem/devices").map_err(|e| e.to_string())?;
+    let mut in_dev = false;
+    for line in text.lines() {
+        if !line.starts_with(' ') {
+            in_dev = line.starts_with(&format!("dev{dev} "));
+        }
+        if in_dev {
+            for w in line.split_whitespace() {
+                if let Some(v) = w.strip_prefix(key).and_then(|r| r.strip_prefix('=')) {
+                    return v.parse().map_err(|_| format!("bad value in '{w}'"));
+                }
+            }
+        }
+    }
+    Err(format!("no counter {key} for dev{dev}"))
+}
+
+fn fill_words(len: usize, value: u32) -> Vec<u32> {
+    (0..len / 4).map(|i| value.wrapping_add(i as u32)).collect()
+}
+
+fn stream(times: u64) -> TestResult {
+    let (g, s) = open()?;
+    let cap = capacity(&s)?;
+    let r = ok!(g.alloc(cap * times));
+    ok!(s.fill(r.addr, r.len as u64, 17));
+    let expect = checksum(&fill_words(r.len, 17));
+    let o = ok!(s.checksum(r.addr, r.len as u64));
+    ensure!(o.result == expect, "{times}x: device checksum mismatch after streaming");
+    let q = ok!(r.query());
+    let on_dev = q.iter().filter(|w| q_loc(**w) == GMEM_LOC_DEVICE).count() as u64;
+    ensure!(on_dev <= cap / 4096 * 2, "more pages on devices than they hold: {on_dev}");
+    ensure!(q.iter().all(|w| q_loc(*w) != GMEM_LOC_NONE), "a page was lost (state NONE)");
+    let w = words(&r);
+    ensure!(checksum(w) == expect, "{times}x: CPU read-back mismatch");
+    Ok(())
+}
+
+fn stream_2x_capacity() -> TestResult {
+    stream(2)
+}
+
+fn stream_4x_capacity() -> TestResult {
+    stream(4)
+}
+
+/// The LCG of the TOUCH kernel (gmem_sim.h), to predict its page choices.
+fn touch_pages(npages: u64, count: u64, seed: u64) -> Vec<u64> {
+    let mut x = seed | 1;
+    (0..count)
+        .map(|_| {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (x >> 33) % npages
+        })
+        .collect()
+}
+
+fn random_access_3x() -> TestResult {
+    let (g, s) = open()?;
+    let cap = capacity(&s)?;
+    let r = ok!(g.alloc(cap * 3));
+    let npages = r.pages() as u64;
+    let count = 20_000;
+    ok!(s.touch(r.addr, r.len as u64, count, 99, true));
+    let mut expect = vec![0u32; npages as usize];
+    for p in touch_pages(npages, count, 99) {
+        expect[p as usize] += 1;
+    }
+    let w = words(&r);
+    for (p, &n) in expect.iter().enumerate() {
+        ensure!(w[p * 1024] == n, "page {p}: touched {} times, expected {n}", w[p * 1024]);
+    }
+    Ok(())
+}
+
+fn two_processes_overcommit_concurrently() -> TestResult {
+    let worker = |seed: u32| {
+        move || {
+            let Ok((g, s)) = open() else { return 10 };
+            let Ok(cap) = capacity(&s) else { return 11 };
+            let Ok(r) = g.alloc(cap * 3 / 2) else { return 12 };
+            for round in 0..3u32 {
+                let v = seed.wrapping_mul(1000).wrapping_add(round);
+                if s.fill(r.addr, r.len as u64, v).is_err() {
+                    return 13;
+                }
+                match s.checksum(r.addr, r.len as u64) {
+                    Ok(o) if o.result == checksum(&fill_words(r.len, v)) => {}
+                    _ => return 14,
+                }
+            }
+            if checksum(words(&r)) != checksum(&fill_words(r.len, seed.wrapping_mul(1000) + 2)) {
+                return 15;
+            }
+            0
+        }
+    };
+    // SAFETY: fork; each child runs a worker and exits.
+    let pids: Vec<i32> = (1..=2u32)
+        .map(|seed| unsafe {
+            let pid = libc::fork();
+            if pid == 0 {
+                libc::_exit(worker(seed)());
+            }
+            pid
+        })
+        .collect();
+    for pid in pids {
+        let mut st = 0;
+        // SAFETY: waiting for our own child.
+        unsafe { libc::waitpid(pid, &mut st, 0) };
+        ensure!(libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0, "worker {pid} failed: status {st:#x}");
+    }
+    Ok(())
+}
+
+fn cpu_and_device_alternate_writes_overcommitted() -> TestResult {
+    let (g, s) = open()?;
+    let cap = capacity(&s)?;
+    let r = ok!(g.alloc(cap * 2));
+    let mut model: Vec<u32> = vec![0; r.len / 4];
+    for round in 0..3u32 {
+        let w = words(&r);
+        for (i, x) in w.iter_mut().enumerate() {
+            *x = x.wrapping_add(i as u32 ^ round);
+            model[i] = model[i].wrapping_add(i as u32 ^ round);
+        }
+        ok!(s.axpy(r.addr, r.addr, r.len as u64, 2)); // y = 3y
+        for m in model.iter_mut() {
+            *m = m.wrapping_mul(3);
+        }
+        ensure!(checksum(words(&r)) == checksum(&model), "round {round}: data diverged");
+    }
+    Ok(())
+}
+
+fn pinned_pages_survive_pressure() -> TestResult {
+    let (g, s) = open()?;
+    let cap = capacity(&s)?;
+    let pinned = ok!(g.alloc(cap / 4));
+    ok!(s.fill(pinned.addr, pinned.len as u64, 5));
+    ok!(pinned.advise(GMEM_ADV_PIN, 0));
+    let big = ok!(g.alloc(cap * 2));
+    ok!(s.fill(big.addr, big.len as u64, 6));
+    ok!(s.checksum(big.addr, big.len as u64));
+    let q = ok!(pinned.query());
+    ensure!(q.iter().all(|w| q_loc(*w) == GMEM_LOC_DEVICE && q_dev(*w) == 0 && w & GMEM_Q_PINNED != 0), "a pinned page moved");
+    let o = ok!(s.checksum(pinned.addr, pinned.len as u64));
+    ensure!(o.faults == 0 && o.result == checksum(&fill_words(pinned.len, 5)), "pinned data wrong or not resident");
+    // More pins than the device holds are refused; the first pin stays.
+    let more = ok!(g.alloc(cap));
+    expect_errno!(more.advise(GMEM_ADV_PIN, 0), libc::ENOSPC);
+    ok!(pinned.advise(GMEM_ADV_UNPIN, 0));
+    Ok(())
+}
+
+fn peer_device_victim_tier() -> TestResult {
+    let (g, s0) = open()?;
+    let s1 = Sim::open(1).map_err(|e| e.to_string())?;
+    let dev1 = ok!(s1.info()).gmem_id as u32;
+    let cap = capacity(&s0)?;
+    let before = counter(0, "to_peer")?;
+    let r = ok!(g.alloc(cap * 3 / 2));
+    ok!(s0.fill(r.addr, r.len as u64, 300));
+    let q = ok!(r.query());
+    let parked = q.iter().filter(|w| q_loc(**w) == GMEM_LOC_DEVICE && q_dev(**w) == dev1).count();
+    ensure!(parked > 0, "no victim parked on device 1 (oracle)");
+    ensure!(counter(0, "to_peer")? > before, "to_peer counter did not move");
+    // Pressure on the lender: its own allocations win, parked frames are reclaimed.
+    let mine = ok!(g.alloc(cap));
+    ok!(s1.fill(mine.addr, mine.len as u64, 400));
+    let q = ok!(r.query());
+    let still = q.iter().filter(|w| q_loc(**w) == GMEM_LOC_DEVICE && q_dev(**w) == dev1).count();
+    ensure!(still < parked, "lender did not reclaim parked frames ({still} of {parked} left)");
+    ensure!(ok!(s1.checksum(mine.addr, mine.len as u64)).result == checksum(&fill_words(mine.len, 400)), "lender data wrong");
+    ensure!(ok!(s0.checksum(r.addr, r.len as u64)).result == checksum(&fill_words(r.len, 300)), "parked data lost");
+    ensure!(checksum(words(&r)) == checksum(&fill_words(r.len, 300)), "parked data wrong on CPU");
+    Ok(())
+}
+
+fn fragmented_pool_still_allocates() -> TestResult {
+    let (g, s) = open()?;
+    let cap = capacity(&s)?;
+    control("preevict=0 peer=0")?;
+    let res = (|| -> TestResult {
+        // Fill the device, then free every other frame: the free frames are all scattered.
+        let a = ok!(g.alloc(cap - 64 * 4096));
+        ok!(s.fill(a.addr, a.len as u64, 1));
+        for p in (0..a.pages()).step_by(2) {
+            ok!(g.advise(a.addr + p as u64 * 4096, 4096, GMEM_ADV_DONTNEED, GMEM_NO_DEVICE, 0));
+        }
+        let waits = counter(0, "waits_for_eviction")?;
+        // Larger than any contiguous free run (1 frame), smaller than the free total.
+        let b = ok!(g.alloc((a.pages() as u64 / 2 - 64) * 4096));
+        ok!(s.fill(b.addr, b.len as u64, 2));
+        ensure!(counter(0, "waits_for_eviction")? == waits, "allocation needed eviction: fragmentation");
+        let qa = ok!(a.query());
+        ensure!((1..a.pages()).step_by(2).all(|p| q_loc(qa[p]) == GMEM_LOC_DEVICE), "survivors were evicted");
+        crate::harness::all_at(&ok!(b.query()), GMEM_LOC_DEVICE, 0)?;
+        ensure!(checksum(words(&b)) == checksum(&fill_words(b.len, 2)), "data wrong");
+        Ok(())
+    })();
+    control("preevict=1 peer=1")?;
+    res
+}
+
+fn eviction_races_free_munmap_and_exit() -> TestResult {
+    // A device kernel streams over 2x capacity while another thread frees the region: the
+    // kernel fails cleanly (EFAULT), nothing crashes or leaks (kmemleak in the debug run).
+    let (g, s) = open()?;
+    let cap = capacity(&s)?;
+    for how in 0..2 {
+        let r = ok!(g.alloc(cap * 2));
+        let (addr, len) = (r.addr, r.len);
+        let addr2 = r.leak();
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(30));
+            let g2 = Gmem::open().map_err(|e| e.to_string())?;
+            if how == 0 {
+                g2.free_raw(addr2).map_err(|e| e.to_string())
+            } else {
+                // SAFETY: unmapping our own region from another thread, on purpose.
+                let rc = unsafe { libc::munmap(addr2 as *mut libc::c_void, len) };
+                if rc == 0 { Ok(()) } else { Err("munmap failed".into()) }
+            }
+        });
+        let res = s.fill(addr, len as u64, 7);
+        t.join().map_err(|_| "thread panicked".to_string())??;
+        ensure!(matches!(res, Ok(_) | Err(Errno(libc::EFAULT))), "racing fill: {:?}", res);
+        expect_errno!(g.query(addr, 1), libc::ENOENT);
+    }
+    // A process killed in the middle of an overcommitted kernel.
+    let code = child_exit(|| {
+        // SAFETY: fork a grandchild that streams; kill it while it runs.
+        unsafe {
+            let pid = libc::fork();
+            if pid == 0 {
+                if let Ok((g, s)) = open() {
+                    if let Ok(r) = g.alloc(cap * 3) {
+                        let _ = s.fill(r.addr, r.len as u64, 1);
+                    }
+                }
+                libc::_exit(0);
+            }
+            libc::usleep(50_000);
+            libc::kill(pid, libc::SIGKILL);
+            let mut st = 0;
+            libc::waitpid(pid, &mut st, 0);
+        }
+        0
+    });
+    ensure!(code == 0, "killer failed");
+    // The device is whole afterwards.
+    let r = ok!(g.alloc(cap));
+    ok!(s.fill(r.addr, r.len as u64, 8));
+    ensure!(checksum(words(&r)) == checksum(&fill_words(r.len, 8)), "device unhealthy after races");
+    Ok(())
+}
+
+pub fn tests() -> Vec<Test> {
+    vec![
+        Test { name: "stream_2x_capacity", f: stream_2x_capacity },
+        Test { name: "stream_4x_capacity", f: stream_4x_capacity },
+        Test { name: "random_access_3x", f: random_access_3x },
+        Test { name: "two_processes_overcommit_concurrently", f: two_processes_overcommit_concurrently },
+        Test { name: "cpu_and_device_alternate_writes_overcommitted", f: cpu_and_device_alternate_writes_overcommitted },
+        Test { name: "pinned_pages_survive_pressure", f: pinned_pages_survive_pressure },
+        Test { name: "peer_device_victim_tier", f: peer_device_victim_tier },
+        Test { name: "fragmented_pool_still_allocates", f: fragmented_pool_still_allocates },
+        Test { name: "eviction_races_free_munmap_and_exit", f: eviction_races_free_munmap_and_exit },
+    ]
+}
