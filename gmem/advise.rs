@@ -1,14 +1,14 @@
 // SPDX-License-Identifier: GPL-2.0
 //! Advice (`GMEM_IOC_ADVISE`): hints kept in the region's advice map (preferred location,
 //! accessed-by, read-mostly) and actions applied page by page (prefetch, pin, unpin,
-//! dontneed). PREFETCH may run asynchronously on the system workqueue, returning a fence.
+//! dontneed). PREFETCH may run asynchronously on gmem's workqueue (`wq.rs`), returning a fence.
 //!
 //! Rounding: the byte range is widened outward to page bounds, except DONTNEED, which is
 //! narrowed inward so that a partly covered page keeps its data. The range must lie within
 //! one region. Lock order as in the fault paths: mmap lock -> region pages.
 
 use crate::migrate::{self, Env};
-use crate::policy::page_state::{transition, Event, Loc, Target};
+use crate::policy::page_state::{transition, Event, Target};
 use crate::policy::range::{self, PageRange, RangeError};
 use crate::region::{adv, Region};
 use crate::registry;
@@ -136,11 +136,12 @@ fn move_pages(space: &Space, region: &Arc<Region>, first: usize, count: usize, a
     let mmap = mm.mmap_read_lock();
     let vma = mmap.vma_lookup(region.start).filter(|v| v.start() == region.start);
     let dev = target.and_then(|d| registry::get(d as usize));
-    if let (Event::Pin { dev: d }, Some(dev)) = (event, &dev) {
+    if let (Event::Pin { .. }, Some(dev)) = (event, &dev) {
         // A pin must fit beside the other pins: refuse it up front rather than half way.
+        // Every page of the range that is not pinned yet becomes a pinned frame of `d`.
         let p = region.pages.lock();
-        let needed = (first..first + count).filter(|&i| p.state(i).loc() != Loc::Device(d)).count() as u64;
-        if needed + dev.frames_pinned() > dev.nr_frames {
+        let newly = (first..first + count).filter(|&i| !p.state(i).pinned()).count() as u64;
+        if newly + dev.frames_pinned() > dev.nr_frames {
             return Err(ENOSPC);
         }
     }
@@ -162,7 +163,7 @@ fn move_pages(space: &Space, region: &Arc<Region>, first: usize, count: usize, a
                 drop(p);
                 let full = acts.alloc_frame.and_then(|x| registry::get(x as usize)).ok_or(ENOMEM)?;
                 retries += 1;
-                if retries > 64 || crate::evict::make_room(&full, 64, crate::evict::Why::Fault) == 0 {
+                if retries > 64 || crate::evict::make_room(&full, 64, crate::evict::Why::Advice) == 0 {
                     return Err(ENOMEM);
                 }
             }
@@ -178,7 +179,7 @@ fn move_pages(space: &Space, region: &Arc<Region>, first: usize, count: usize, a
     Ok(())
 }
 
-/// An asynchronous PREFETCH: run on the system workqueue, waited for with GMEM_IOC_WAIT.
+/// An asynchronous PREFETCH: run on gmem's workqueue, waited for with GMEM_IOC_WAIT.
 #[pin_data]
 pub(crate) struct Fence {
     pub(crate) id: u64,

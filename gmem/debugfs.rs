@@ -1,7 +1,10 @@
 // SPDX-License-Identifier: GPL-2.0
 //! Observability: `/sys/kernel/debug/gmem/`.
-//! - `devices`: per device — capacity, frames in use, fault batches and faults, pages
-//!   migrated each way (H2D, D2H, D2D, zero-filled), prefetched, evicted, remote maps.
+//! - `devices`: per device — capacity, frames in use/pinned/lent, watermarks; faults
+//!   (batches, pages, frame allocations, waits for eviction); pages migrated each way;
+//!   evictions (to host, to a peer, clean drops, background, write-backs, evacuations);
+//!   prefetch (pages, used, wasted) and thrashing events.
+//! - `control`: the tunables of `tune.rs` (read: current values; write: `key=value`).
 //! - `spaces`: per address space — regions, CPU and device faults, current residency
 //!   (pages nowhere / on host / on each device, pinned, duplicated) and metadata bytes per
 //!   managed page.

@@ -22,8 +22,8 @@ use kernel::{
 
 /// Frame flag kept by the core only: filled by prefetch, not yet known to be used.
 pub(crate) const F_PREFETCHED: u8 = 0x40;
-/// Frame flag kept by the core only: spared once by the CLOCK because its page prefers
-/// this device (PREFERRED_LOC); cleared whenever the page is accessed again.
+/// Frame flag kept by the core only: spared once by eviction because its page prefers this
+/// device (PREFERRED_LOC); cleared when the page faults or migrates again.
 pub(crate) const F_PREFERRED_SPARED: u8 = 0x80;
 
 /// A device page table ("context") as the driver handed it out; opaque to the core.
@@ -366,10 +366,28 @@ impl Device {
         drop(old);
     }
 
-    /// Gives a frame a second chance (its page was used).
-    pub(crate) fn reference(&self, frame: u32) {
+    /// The device used the frame's page (accessed bit seen): a second chance, and a pending
+    /// prefetch of it counts as used.
+    pub(crate) fn note_used(&self, frame: u32) {
+        let was_prefetched = {
+            let mut pool = self.frames.lock();
+            match pool.flags.get_mut(frame as usize) {
+                Some(f) => {
+                    let p = *f & F_PREFETCHED != 0;
+                    *f = (*f | F_REF) & !F_PREFETCHED;
+                    p
+                }
+                None => false,
+            }
+        };
+        if was_prefetched {
+            DevStats::add(&self.stats.prefetch_used, 1);
+        }
+    }
+
+    pub(crate) fn set_flags(&self, frame: u32, set: u8) {
         if let Some(f) = self.frames.lock().flags.get_mut(frame as usize) {
-            *f |= F_REF;
+            *f |= set;
         }
     }
 

@@ -17,20 +17,25 @@
 //! Lock order: `Device::evict_lock` -> region pages -> `Space::ctxs` -> `Device::frames`.
 //! Eviction never runs with a region lock held by its caller.
 
-use crate::device::{DevStats, Device, DeviceOps, Owner};
+use crate::device::{DevStats, Device, DeviceOps, Owner, F_PREFERRED_SPARED};
+use crate::policy::evict::F_LENT;
+use crate::policy::page_state::Target;
+use crate::region::adv;
 use crate::migrate::{self, Env};
 use crate::policy::evict::{reclaim_target, F_REF};
 use crate::policy::page_state::{transition, Event, Loc};
 use crate::region::{Region, PAGE_SIZE};
 use crate::{registry, tune};
 use core::sync::atomic::Ordering::Relaxed;
-use kernel::sync::Arc;
+use kernel::{prelude::*, sync::Arc};
 
 /// Why frames are being freed (for the counters).
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Why {
-    /// A fault (or prefetch) found the pool full and waits for this.
+    /// A device fault found the pool full and waits for this.
     Fault,
+    /// PREFETCH or PIN advice found the pool full.
+    Advice,
     /// The background worker keeps the pool between its watermarks.
     Background,
 }
@@ -46,107 +51,125 @@ fn peer_for(dev: &Device) -> Option<Arc<Device>> {
         .max_by_key(|p| p.frames_free())
 }
 
-/// Evicts one page (index `i` of `region`, held on `dev`); returns pages freed on `dev`.
-fn evict_page(dev: &Device, region: &Arc<Region>, p: &mut crate::region::Pages, i: usize, peer: &Option<Arc<Device>>) -> usize {
+/// Evicts one page (index `i` of `region`, held on `dev`); returns pages freed on `dev`,
+/// or `ENOMEM` when host memory (or the memory cgroup) is exhausted: then nothing more can
+/// be evicted to the host and the caller stops.
+fn evict_page(
+    dev: &Device,
+    region: &Arc<Region>,
+    p: &mut crate::region::Pages,
+    i: usize,
+    peer: &Option<Arc<Device>>,
+) -> Result<usize> {
     let d = dev.id as u8;
     let s = p.state(i);
     let env = Env::background(region);
     if s.loc() != Loc::Device(d) {
         // A read-only duplicate held on `dev`: just drop it.
         if s.dup_mask() & (1 << d) == 0 {
-            return 0;
+            return Ok(0);
         }
-        return match transition(s, Event::DeviceGone { dev: d }) {
-            Ok((next, a)) if migrate::apply(&env, p, i, next, &a).is_ok() => {
-                DevStats::add(&dev.stats.evicted_clean, 1);
-                1
-            }
-            _ => 0,
-        };
+        let (next, a) = transition(s, Event::DeviceGone { dev: d }).map_err(|_| EINVAL)?;
+        migrate::apply(&env, p, i, next, &a)?;
+        DevStats::add(&dev.stats.evicted_clean, 1);
+        return Ok(1);
     }
     if s.pinned() {
-        return 0;
+        return Ok(0);
     }
     let clean = s.host_valid() && !s.dirty();
+    // The lender's reserve is re-checked for every victim: its own allocations win.
     if let (Some(peer), false) = (peer, clean) {
-        if let Ok((next, a)) = transition(s, Event::EvictTo { dev: peer.id as u8 }) {
-            if migrate::apply(&env, p, i, next, &a).is_ok() {
-                DevStats::add(&dev.stats.evicted_to_peer, 1);
-                // Park it: the lender reclaims parked frames first.
-                peer.set_owner(p.frame[i], Owner { region: region.clone(), page: i as u32 }, crate::policy::evict::F_LENT, 0);
-                // Its host copy is made in the background, so the lender can drop it later.
-                crate::device::kick_always(peer);
-                return 1;
+        if peer.alive() && peer.frames_free() > peer.high() + 1 {
+            if let Ok((next, a)) = transition(s, Event::EvictTo { dev: peer.id as u8 }) {
+                if migrate::apply(&env, p, i, next, &a).is_ok() {
+                    DevStats::add(&dev.stats.evicted_to_peer, 1);
+                    // Park it: the lender reclaims parked frames first.
+                    peer.set_owner(p.frame[i], Owner { region: region.clone(), page: i as u32 }, F_LENT, 0);
+                    // Its host copy is made in the background, so the lender can drop it later.
+                    crate::device::kick_always(peer);
+                    return Ok(1);
+                }
             }
         }
     }
-    match transition(s, Event::Evict) {
-        Ok((next, a)) if migrate::apply(&env, p, i, next, &a).is_ok() => {
-            let c = if clean { &dev.stats.evicted_clean } else { &dev.stats.evicted_to_host };
-            DevStats::add(c, 1);
-            1
-        }
-        _ => 0,
-    }
+    let (next, a) = transition(s, Event::Evict).map_err(|_| EINVAL)?;
+    migrate::apply(&env, p, i, next, &a)?;
+    let c = if clean { &dev.stats.evicted_clean } else { &dev.stats.evicted_to_host };
+    DevStats::add(c, 1);
+    Ok(1)
 }
 
-/// Evicts the victim `frame` and its cold 2 MiB neighbours; returns frames freed.
-fn evict_victim(dev: &Device, frame: u32, who: &Owner, peer: &Option<Arc<Device>>) -> usize {
+/// Whether the page at `i` (owner frame `frame` on `dev`) deserves a second chance: the
+/// device touched it since the last look, or it prefers this device and was not spared
+/// yet. Either way it is marked referenced.
+fn spare(dev: &Device, region: &Region, p: &crate::region::Pages, i: usize, frame: u32) -> bool {
+    let ctx = region.space.ctx_if_any(dev);
+    let used = ctx.and_then(|c| dev.drv.test_clear_accessed(c, region.va(i))).unwrap_or(false);
+    if used {
+        // Also settles a pending prefetch as used (the accessed bit is consumed here).
+        dev.note_used(frame);
+        return true;
+    }
+    let d = dev.id as u8;
+    if adv::preferred(p.advice.get(i as u64)) == Some(Target::Device(d)) && dev.flags(frame) & F_PREFERRED_SPARED == 0 {
+        dev.set_flags(frame, F_REF | F_PREFERRED_SPARED);
+        return true;
+    }
+    false
+}
+
+/// Evicts the victim `frame` and its cold 2 MiB neighbours; returns frames freed, or
+/// `ENOMEM` (with the count so far lost to the caller's early stop) when the host is full.
+fn evict_victim(dev: &Device, frame: u32, who: &Owner, peer: &Option<Arc<Device>>) -> Result<usize> {
     let region = &who.region;
     let i = who.page as usize;
     let mut p = region.pages.lock();
     if p.dead || i >= region.npages {
-        return 0;
+        return Ok(0);
     }
     let d = dev.id as u8;
     let s = p.state(i);
-    let still_ours = (s.loc() == Loc::Device(d) && p.frame[i] == frame) || p.dup_frame(i, d) == Some(frame);
-    if !still_ours {
-        return 0;
+    let owner = s.loc() == Loc::Device(d) && p.frame[i] == frame;
+    if !owner && p.dup_frame(i, d) != Some(frame) {
+        return Ok(0);
     }
-    // The device's accessed bit gives a used page a second chance.
-    let ctx = region.space.ctx_if_any(dev);
-    let used = |va: u64| ctx.and_then(|c| dev.drv.test_clear_accessed(c, va)).unwrap_or(false);
-    // So does PREFERRED_LOC naming this device (once per CLOCK pass).
-    let preferred_here = crate::region::adv::preferred(p.advice.get(i as u64)) == Some(crate::policy::page_state::Target::Device(d));
-    if s.loc() == Loc::Device(d) && (used(region.va(i)) || (preferred_here && dev.flags(frame) & crate::device::F_PREFERRED_SPARED == 0)) {
-        dev.reference(frame);
-        if preferred_here {
-            dev.set_owner(frame, who.clone(), crate::device::F_PREFERRED_SPARED, 0xff);
-        }
-        return 0;
+    if owner && spare(dev, region, &p, i, frame) {
+        return Ok(0);
     }
-    let mut freed = evict_page(dev, region, &mut p, i, peer);
+    let mut freed = evict_page(dev, region, &mut p, i, peer)?;
     // The rest of its 2 MiB block in this region, if cold.
     let pages_per_block = (1usize << 21) / PAGE_SIZE;
-    let va = region.va(i) as usize;
-    let block = va & !((1usize << 21) - 1);
-    let first = block.saturating_sub(region.start) / PAGE_SIZE;
-    let first = if block < region.start { 0 } else { first };
+    let block = (region.va(i) as usize) & !((1usize << 21) - 1);
+    let first = if block < region.start { 0 } else { (block - region.start) / PAGE_SIZE };
     let last = core::cmp::min(region.npages, first + pages_per_block);
     for j in first..last {
         if j == i {
             continue;
         }
         let sj = p.state(j);
-        if sj.loc() != Loc::Device(d) || sj.pinned() || dev.flags(p.frame[j]) & F_REF != 0 || used(region.va(j)) {
+        if sj.loc() != Loc::Device(d) || sj.pinned() {
             continue;
         }
-        freed += evict_page(dev, region, &mut p, j, peer);
+        let fj = p.frame[j];
+        if dev.flags(fj) & F_REF != 0 || spare(dev, region, &p, j, fj) {
+            continue;
+        }
+        freed += evict_page(dev, region, &mut p, j, peer)?;
     }
-    freed
+    Ok(freed)
 }
 
-/// Frees at least `want` frames on `dev` if that many are evictable; returns frames freed.
-/// Must be called with no region lock held.
+/// Frees at least `want` frames on `dev` if that many are evictable; returns frames freed
+/// (0: nothing evictable, or host memory exhausted). Must be called with no region lock held.
 pub(crate) fn make_room(dev: &Arc<Device>, want: usize, why: Why) -> usize {
     let _one = dev.evict_lock.lock();
+    // Another evictor may have made room while we waited for the lock.
+    if why != Why::Background && dev.frames_free() as usize >= want {
+        return want;
+    }
     if why == Why::Fault {
         DevStats::add(&dev.stats.fault_waits, 1);
-        // Another evictor may have made room while we waited for the lock.
-        if dev.frames_free() as usize >= want {
-            return want;
-        }
     }
     let peer = peer_for(dev);
     let mut freed = 0;
@@ -154,7 +177,7 @@ pub(crate) fn make_room(dev: &Arc<Device>, want: usize, why: Why) -> usize {
     // hand passes), so finding victims can take two sweeps over the pool.
     const BATCH: usize = 64;
     let rounds = 2 * (dev.nr_frames as usize / BATCH) + 2;
-    for _round in 0..rounds {
+    'rounds: for _round in 0..rounds {
         if freed >= want {
             break;
         }
@@ -163,7 +186,11 @@ pub(crate) fn make_room(dev: &Arc<Device>, want: usize, why: Why) -> usize {
             break;
         }
         for (f, who) in victims.iter() {
-            freed += evict_victim(dev, *f, who, &peer);
+            match evict_victim(dev, *f, who, &peer) {
+                Ok(n) => freed += n,
+                // Host memory is exhausted: every further victim would fail the same way.
+                Err(_) => break 'rounds,
+            }
         }
     }
     if why == Why::Background {

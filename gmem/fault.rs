@@ -97,7 +97,8 @@ unsafe extern "C" fn vm_fault(vmf: *mut bindings::vm_fault) -> bindings::vm_faul
     let region: Arc<Region> = region.into();
     match cpu_fault(&region, vmf, addr as usize, write) {
         Ok(r) => r,
-        Err(e) if e == ENOMEM => bindings::vm_fault_reason_VM_FAULT_OOM,
+        // Out of host memory (or over the memory cgroup's limit) included: the access fails
+        // cleanly with SIGBUS instead of killing something (see host_page.rs).
         Err(_) => bindings::vm_fault_reason_VM_FAULT_SIGBUS,
     }
 }
@@ -214,9 +215,6 @@ fn fault_page(
         }
         let ev = Event::DevFault { dev: d, write, read_mostly: bits & adv::READ_MOSTLY != 0, accessed_by };
         let (next, acts) = transition(s, ev).map_err(|_| EBUSY)?;
-        if acts.alloc_frame.is_some() {
-            DevStats::add(&dev.stats.fault_allocs, 1);
-        }
         match migrate::apply(&Env::access(r, vma), &mut p, i, next, &acts) {
             Err(e) if e == ENOSPC => {
                 drop(p);
@@ -228,6 +226,9 @@ fn fault_page(
             res => {
                 drop(p);
                 Space::count(&space.stats.dev_faults);
+                if res.is_ok() && acts.alloc_frame.is_some() {
+                    DevStats::add(&dev.stats.fault_allocs, 1);
+                }
                 if res.is_ok() && acts.copy != Copy::None && !matches!(acts.copy, Copy::ZeroDev(_)) && record_move(Some(dev), space, va) {
                     // Throttle: let the other side make progress before this page moves again.
                     kernel::time::delay::fsleep(kernel::time::Delta::from_micros(100));

@@ -8,6 +8,7 @@
 #include <linux/export.h>
 #include <linux/module.h>
 #include <linux/fs.h>
+#include <linux/gfp.h>
 #include <linux/mm.h>
 #include <linux/mm_types.h>
 #include <linux/sched.h>
@@ -34,6 +35,17 @@ struct workqueue_struct *gmem_wq_alloc(void);
 struct workqueue_struct *gmem_wq_alloc(void)
 {
 	return alloc_workqueue("gmem", WQ_UNBOUND | WQ_MEM_RECLAIM, 0);
+}
+
+/*
+ * Host pages backing GMEM memory: charged to the caller's memory cgroup, and allowed to
+ * fail (no OOM kill) so that the access needing the page can fail cleanly (host_page.rs).
+ */
+struct page *gmem_host_page_alloc(void);
+struct page *gmem_host_page_alloc(void)
+{
+	return alloc_page(GFP_HIGHUSER | __GFP_ACCOUNT | __GFP_RETRY_MAYFAIL | __GFP_NOWARN |
+			  __GFP_ZERO);
 }
 
 /* Kernel structs, in the order of KERNEL_LAYOUT in gmem/layout.rs. */

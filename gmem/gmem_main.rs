@@ -6,6 +6,7 @@
 //! - `space`    — per-process address space: regions by address, device contexts
 //! - `region`   — one allocation: per-page residency (16 bytes/page), advice
 //! - `fault`    — where faults go: CPU `.fault` handler and `gmem_dev_fault()` batches
+//! - `host_page`— host pages: memcg-charged, fail instead of OOM-killing
 //! - `migrate`  — carries out the page-state machine's decisions (copy, map, unmap, free)
 //! - `advise`   — GMEM_IOC_ADVISE: hints, prefetch/pin/dontneed, async fences
 //! - `registry` — accelerator drivers register here (C ABI of `include/linux/gmem.h`)
@@ -33,6 +34,7 @@ mod debugfs;
 mod device;
 mod evict;
 mod fault;
+mod host_page;
 mod layout;
 mod migrate;
 mod policy;
@@ -53,6 +55,8 @@ module! {
 
 #[pin_data(PinnedDrop)]
 struct GmemModule {
+    /// First field: created before anything can queue work, dropped first at unload.
+    _wq: wq::WqGuard,
     #[pin]
     misc: MiscDeviceRegistration<chardev::GmemFile>,
     #[pin]
@@ -64,7 +68,6 @@ impl PinnedDrop for GmemModule {
     fn drop(self: Pin<&mut Self>) {
         // Open files and registered drivers pin the module, so nothing uses these now.
         space::exit();
-        wq::exit();
     }
 }
 
@@ -72,11 +75,11 @@ impl kernel::InPlaceModule for GmemModule {
     fn init(_module: &'static ThisModule) -> impl PinInit<Self, Error> {
         pin_init::pin_init_scope(|| {
             layout::check()?;
-            wq::init()?;
             registry::init();
             space::init();
             pr_info!("loaded (uapi v{})\n", chardev::UAPI_VERSION);
             Ok(try_pin_init!(Self {
+                _wq: wq::WqGuard::new()?,
                 misc <- MiscDeviceRegistration::register(MiscDeviceOptions { name: c"gmem" }),
                 debugfs <- debugfs::Debugfs::new(),
             }))

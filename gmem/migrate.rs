@@ -15,7 +15,8 @@ use crate::policy::evict::{F_CLEAN, F_LENT, F_PINNED, F_REF};
 use crate::policy::page_state::{Actions, Copy, Loc, PageState};
 use crate::region::{devices_in, Dup, Pages, Region, PAGE_SIZE};
 use crate::registry;
-use kernel::{mm::virt::VmaRef, page::Page, prelude::*, sync::Arc};
+use crate::host_page::HostPage;
+use kernel::{mm::virt::VmaRef, prelude::*, sync::Arc};
 
 /// Where a page's mappings live besides the region itself.
 pub(crate) struct Env<'a> {
@@ -74,8 +75,7 @@ pub(crate) fn apply(env: &Env<'_>, p: &mut Pages, i: usize, next: PageState, a: 
     // 1. Host page (zeroed, charged to the process's memcg).
     let mut new_host = false;
     if a.alloc_host && p.host[i].is_none() {
-        let page = Page::alloc_page(GFP_KERNEL_ACCOUNT | __GFP_ZERO).map_err(|_| ENOMEM)?;
-        p.host[i] = Some(page);
+        p.host[i] = Some(HostPage::alloc()?);
         new_host = true;
     }
     // 2. Device frame; a frame that becomes a duplicate needs room in the side list.
@@ -127,9 +127,7 @@ pub(crate) fn apply(env: &Env<'_>, p: &mut Pages, i: usize, next: PageState, a: 
         Copy::ZeroHost => {
             if !new_host {
                 if let Some(pg) = p.host[i].as_ref() {
-                    // SAFETY: the page is owned by the region and its CPU mapping (if any)
-                    // is the only other user; we hold the page lock.
-                    unsafe { pg.fill_zero_raw(0, PAGE_SIZE) }?;
+                    pg.zero();
                 }
             }
             Ok(())

@@ -11,7 +11,8 @@
 use crate::policy::page_state::{PageState, MAX_DEVICES};
 use crate::policy::range::{AdviceMap, PageRange};
 use crate::space::Space;
-use kernel::{new_mutex, page::Page, prelude::*, sync::{Arc, Mutex}};
+use crate::host_page::HostPage;
+use kernel::{new_mutex, prelude::*, sync::{Arc, Mutex}};
 
 pub(crate) const PAGE_SIZE: usize = 4096;
 
@@ -51,7 +52,7 @@ pub(crate) struct Pages {
     pub(crate) dead: bool,
     pub(crate) state: KVVec<u32>,
     pub(crate) frame: KVVec<u32>,
-    pub(crate) host: KVVec<Option<Page>>,
+    pub(crate) host: KVVec<Option<HostPage>>,
     pub(crate) dups: KVec<Dup>,
     pub(crate) advice: AdviceMap<ADVICE_RUNS>,
 }
@@ -133,7 +134,7 @@ impl Region {
         let p = self.pages.lock();
         p.state.capacity() * 4
             + p.frame.capacity() * 4
-            + p.host.capacity() * core::mem::size_of::<Option<Page>>()
+            + p.host.capacity() * core::mem::size_of::<Option<HostPage>>()
             + p.dups.capacity() * core::mem::size_of::<Dup>()
     }
 }

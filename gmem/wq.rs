@@ -13,7 +13,24 @@ extern "C" {
 
 static WQ: AtomicPtr<bindings::workqueue_struct> = AtomicPtr::new(core::ptr::null_mut());
 
-pub(crate) fn init() -> Result {
+/// Owns the queue: created first at module load, destroyed (drained) when the module —
+/// or a failed load — drops it.
+pub(crate) struct WqGuard(());
+
+impl WqGuard {
+    pub(crate) fn new() -> Result<WqGuard> {
+        init()?;
+        Ok(WqGuard(()))
+    }
+}
+
+impl Drop for WqGuard {
+    fn drop(&mut self) {
+        exit();
+    }
+}
+
+fn init() -> Result {
     // SAFETY: plain allocation call in process context.
     let q = unsafe { gmem_wq_alloc() };
     if q.is_null() {
@@ -24,7 +41,7 @@ pub(crate) fn init() -> Result {
 }
 
 /// Drains and frees the queue (module exit, after every user is gone).
-pub(crate) fn exit() {
+fn exit() {
     let q = WQ.swap(core::ptr::null_mut(), Ordering::AcqRel);
     if !q.is_null() {
         // SAFETY: `q` came from `gmem_wq_alloc` and is destroyed once.

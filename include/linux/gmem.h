@@ -16,7 +16,7 @@
 
 #include <linux/types.h>
 
-#define GMEM_DRIVER_ABI_VERSION 1
+#define GMEM_DRIVER_ABI_VERSION 2	/* 2: ops gained test_clear_accessed */
 
 struct page;
 struct gmem_dev;	/* a registered device (opaque, owned by gmem.ko) */

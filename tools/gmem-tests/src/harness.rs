@@ -6,6 +6,9 @@ use std::io::Write;
 
 pub type TestResult = Result<(), String>;
 
+/// Longest a single test may take (the debug kernel is ~10x slower than std).
+const TEST_TIMEOUT_S: u32 = 240;
+
 pub struct Test {
     pub name: &'static str,
     pub f: fn() -> TestResult,
@@ -72,6 +75,8 @@ pub fn run(tests: &[Test]) -> usize {
             let pid = libc::fork();
             if pid == 0 {
                 libc::close(fds[0]);
+                // A hung test fails alone (SIGALRM) instead of hanging the whole run.
+                libc::alarm(TEST_TIMEOUT_S);
                 let msg = match std::panic::catch_unwind(t.f) {
                     Ok(Ok(())) => String::new(),
                     Ok(Err(m)) => m,

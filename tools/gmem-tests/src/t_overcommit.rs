@@ -278,6 +278,126 @@ fn eviction_races_free_munmap_and_exit() -> TestResult {
     Ok(())
 }
 
+const CG: &str = "/sys/fs/cgroup/gmem_oom";
+
+fn sh(cmd: &str) -> std::result::Result<(), String> {
+    let st = std::process::Command::new("/bin/sh").arg("-c").arg(cmd).status().map_err(|e| e.to_string())?;
+    if st.success() { Ok(()) } else { Err(format!("`{cmd}` failed")) }
+}
+
+static SIGBUSES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// Lifts the memory limit (plain open/write syscalls: fine in a signal handler) so that the
+/// access that got SIGBUS can be retried.
+extern "C" fn lift_limit(_sig: i32) {
+    SIGBUSES.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let path = b"/sys/fs/cgroup/gmem_oom/memory.max\0";
+    // SAFETY: async-signal-safe syscalls on a NUL-terminated path.
+    unsafe {
+        let fd = libc::open(path.as_ptr().cast(), libc::O_WRONLY);
+        if fd >= 0 {
+            libc::write(fd, b"max".as_ptr().cast(), 3);
+            libc::close(fd);
+        }
+    }
+}
+
+#[inline(never)]
+fn prefault_stack() {
+    let mut buf = [0u8; 128 * 1024];
+    for i in (0..buf.len()).step_by(4096) {
+        // SAFETY: writing our own stack array.
+        unsafe { std::ptr::write_volatile(&mut buf[i], 1) };
+    }
+    std::hint::black_box(&buf);
+}
+
+/// Host memory runs out (a memory cgroup limit) while the device must evict: the device
+/// kernel fails with ENOMEM, a CPU access gets SIGBUS, nothing else is lost or corrupted.
+fn host_oom_during_eviction_fails_cleanly() -> TestResult {
+    sh("grep -q ' /sys/fs/cgroup ' /proc/mounts || mount -t cgroup2 none /sys/fs/cgroup")?;
+    sh(&format!("echo +memory > /sys/fs/cgroup/cgroup.subtree_control && mkdir -p {CG}"))?;
+    // Background eviction and the peer tier would charge other contexts: switch them off.
+    control("preevict=0 peer=0")?;
+    let code = child_exit(|| {
+        let me = std::process::id();
+        if std::fs::write(format!("{CG}/cgroup.procs"), me.to_string()).is_err() {
+            return 20;
+        }
+        let Ok((g, s)) = open() else { return 21 };
+        let Ok(cap) = capacity(&s) else { return 22 };
+        // Data that must survive: written by the device before the squeeze.
+        let Ok(keep) = g.alloc(1 << 20) else { return 23 };
+        if s.fill(keep.addr, keep.len as u64, 77).is_err() {
+            return 24;
+        }
+        let Ok(a) = g.alloc(cap * 3) else { return 25 };
+        // Everything needed while the cgroup is full is prepared now: at the limit, any
+        // userspace allocation (heap, a new VMA) would rightly invoke the memcg OOM killer.
+        let mut states = vec![u32::MAX; a.pages()]; // written now, so its pages exist
+        let mut q = GmemQuery { argsz: argsz::<GmemQuery>(), addr: a.addr, npages: a.pages() as u64, ..Default::default() };
+        q.states = states.as_mut_ptr() as u64;
+        let max = format!("{CG}/memory.max");
+        // The CPU's page tables for the region are made now too (a touch per 2 MiB): at the
+        // limit, core mm's page-table allocation would OOM-kill before GMEM's handler runs.
+        for off in (0..a.len).step_by(2 << 20) {
+            // SAFETY: writing inside our own mapped region.
+            unsafe { std::ptr::write_volatile((a.addr as usize + off) as *mut u32, 0) };
+        }
+        // SAFETY: installs a handler that only makes async-signal-safe syscalls.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = lift_limit as *const () as usize;
+            libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut());
+        }
+        // Stack pages a signal frame may need are made resident now. (Not mlockall: it would
+        // populate the GMEM region too, since __mm_populate does not skip VM_MIXEDMAP.)
+        prefault_stack();
+        if std::fs::write(&max, "6M").is_err() {
+            return 26;
+        }
+        // The device streams over 3x its memory: eviction needs host pages it cannot get.
+        let filled = s.fill(a.addr, a.len as u64, 5);
+        // A CPU read of a device-resident page needs a host page too: SIGBUS, then the
+        // handler lifts the limit and the retried read sees the device's data.
+        if g.ioctl(GMEM_IOC_QUERY, &mut q).is_err() {
+            return 27;
+        }
+        let Some(p) = states.iter().position(|w| q_loc(*w) == GMEM_LOC_DEVICE) else { return 28 };
+        // SAFETY: reading our own mapped region; SIGBUS is handled above.
+        let v = unsafe { std::ptr::read_volatile((a.addr as usize + p * 4096) as *const u32) };
+        // Memory is back from here on: reporting may allocate again.
+        if !matches!(filled, Err(Errno(e)) if e == libc::ENOMEM) {
+            eprintln!("fill under the memory limit: {filled:?} (expected ENOMEM)");
+            return 29;
+        }
+        if SIGBUSES.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+            return 30;
+        }
+        // The FILL stopped part way; a page prefetched ahead of it still holds its old 0.
+        if v != 5u32.wrapping_add((p * 1024) as u32) && v != 0 {
+            eprintln!("device page {p} read {v:#x} after SIGBUS");
+            return 31;
+        }
+        // Nothing else was lost: the earlier data, and the whole region once memory is back.
+        match s.checksum(keep.addr, keep.len as u64) {
+            Ok(o) if o.result == checksum(&fill_words(keep.len, 77)) => {}
+            _ => return 32,
+        }
+        if s.fill(a.addr, a.len as u64, 6).is_err() {
+            return 33;
+        }
+        if checksum(words(&a)) != checksum(&fill_words(a.len, 6)) {
+            return 34;
+        }
+        0
+    });
+    control("preevict=1 peer=1")?;
+    let _ = sh(&format!("rmdir {CG}"));
+    ensure!(code == 0, "child failed with code {code}");
+    Ok(())
+}
+
 pub fn tests() -> Vec<Test> {
     vec![
         Test { name: "stream_2x_capacity", f: stream_2x_capacity },
@@ -289,5 +409,6 @@ pub fn tests() -> Vec<Test> {
         Test { name: "peer_device_victim_tier", f: peer_device_victim_tier },
         Test { name: "fragmented_pool_still_allocates", f: fragmented_pool_still_allocates },
         Test { name: "eviction_races_free_munmap_and_exit", f: eviction_races_free_munmap_and_exit },
+        Test { name: "host_oom_during_eviction_fails_cleanly", f: host_oom_during_eviction_fails_cleanly },
     ]
 }

@@ -1,0 +1,61 @@
+// SPDX-License-Identifier: GPL-2.0
+//! Host pages that back GMEM memory.
+//!
+//! Allocated by `gmem_host_page_alloc()` (gmem_export.c) with
+//! `GFP_HIGHUSER | __GFP_ACCOUNT | __GFP_RETRY_MAYFAIL | __GFP_ZERO`: charged to the memory
+//! cgroup of the process that caused the allocation, and allowed to fail instead of invoking
+//! the OOM killer. When the host (or the cgroup) is out of memory, the access that needed the
+//! page fails cleanly — SIGBUS for a CPU fault, ENOMEM for a device kernel — and nothing
+//! else is touched. (The Rust `Flags` of 7.3 cannot express `__GFP_RETRY_MAYFAIL`, hence C.)
+
+use core::ptr::NonNull;
+use kernel::{bindings, prelude::*};
+
+extern "C" {
+    /// Returns a `struct page *` (declared as `void *`: bindgen's `page` is not FFI-clean).
+    fn gmem_host_page_alloc() -> *mut core::ffi::c_void;
+}
+
+/// A zeroed order-0 host page owned by a region.
+///
+/// # Invariants
+/// `self.0` was returned by `gmem_host_page_alloc` and is freed exactly once, by `Drop`.
+pub(crate) struct HostPage(NonNull<bindings::page>);
+
+// SAFETY: a page can be freed and accessed from any thread; ownership is unique.
+unsafe impl Send for HostPage {}
+// SAFETY: `HostPage` has no interior mutability; the data is accessed through raw mappings
+// under the region's page lock.
+unsafe impl Sync for HostPage {}
+
+impl HostPage {
+    /// A new zeroed page, or `ENOMEM` (host or memory cgroup limit).
+    pub(crate) fn alloc() -> Result<HostPage> {
+        // SAFETY: plain allocation call, process or worker context.
+        let p = unsafe { gmem_host_page_alloc() }.cast::<bindings::page>();
+        // INVARIANT: from `gmem_host_page_alloc`.
+        NonNull::new(p).map(HostPage).ok_or(ENOMEM)
+    }
+
+    pub(crate) fn as_ptr(&self) -> *mut bindings::page {
+        self.0.as_ptr()
+    }
+
+    /// Fills the page with zeros.
+    pub(crate) fn zero(&self) {
+        // SAFETY: the page is valid (invariant); the mapping covers one page and is
+        // released before return.
+        unsafe {
+            let a = bindings::kmap_local_page(self.as_ptr());
+            core::ptr::write_bytes(a.cast::<u8>(), 0, crate::region::PAGE_SIZE);
+            bindings::kunmap_local(a);
+        }
+    }
+}
+
+impl Drop for HostPage {
+    fn drop(&mut self) {
+        // SAFETY: allocated as order 0 by `gmem_host_page_alloc`, freed once (invariant).
+        unsafe { bindings::__free_pages(self.as_ptr(), 0) };
+    }
+}
