@@ -8,21 +8,26 @@
 #   make clean        remove build/ and target/ (the kernel cache in ~/.cache/gmem stays)
 SHELL := /bin/bash
 FLAVOUR ?= std
-B := build/$(FLAVOUR)
+B ?= build/$(FLAVOUR)
 MUSL := x86_64-unknown-linux-musl
 CARGO_HOME ?= $(HOME)/.cargo
 export PATH := $(CARGO_HOME)/bin:$(PATH)
 export LIBCLANG_PATH ?= /usr/lib/llvm-19/lib
 GUEST_TIMEOUT_std := 600
 GUEST_TIMEOUT_debug := 1800
+# make bench: the suite takes 2-3 min of guest time (2-core TCG); BENCH_ARGS is handed to
+# gmem-bench through the kernel command line (gmembench=, comma-separated: quick, reps=N,
+# only=P1+P4, smoke).
+GUEST_TIMEOUT_bench := 1200
+BENCH_ARGS ?=
 SUITES := gmem_layout gmem_registry gmem_fault gmem_region gmem_page_state gmem_sim_pt
-USER_BINS := gmem-tests gmem-demo
+USER_BINS := gmem-tests gmem-demo gmem-bench
 # The C example is built with gcc unless CC is given (make's built-in default "cc" is not).
 ifeq ($(origin CC),default)
 CC := gcc
 endif
 
-.PHONY: all deps kernel modules user initramfs run check check-debug host-test clean FORCE
+.PHONY: all deps kernel modules user initramfs run check check-debug host-test bench clean FORCE
 
 all: initramfs
 
@@ -65,6 +70,18 @@ check: host-test initramfs
 	@echo "[check] $(FLAVOUR) results (console log: $(B)/console-check.log)"
 	@python3 scripts/judge.py --console $(B)/console-check.log --cargo $(B)/cargo-test.log \
 		$(addprefix --expect-suite ,$(SUITES)) --summary-out $(B)/summary
+
+bench: initramfs
+	@python3 scripts/bench.py --fingerprint > $(B)/bench-source.json
+	@echo "[bench] $(FLAVOUR) guest, progress below; full console log: $(B)/console-bench.log"
+	@set -o pipefail; GMEM_GUEST_APPEND="$(if $(BENCH_ARGS),gmembench=$(BENCH_ARGS))" \
+		bash scripts/run-guest.sh "$$(cat $(B)/kdir)" $(B)/initramfs.cpio.gz bench $(B)/console-bench.log $(GUEST_TIMEOUT_bench) \
+		| grep --line-buffered -E '^GMEM-BENCH (progress|error)|^GMEM-UTEST|^GMEM-INIT|^\[guest\]' || true
+	@python3 scripts/judge.py --console $(B)/console-bench.log > $(B)/judge-bench.txt; j=$$?; \
+		python3 scripts/bench.py --console $(B)/console-bench.log --source $(B)/bench-source.json --out bench/results; b=$$?; \
+		if [ $$j != 0 ]; then cat $(B)/judge-bench.txt; echo "[bench] FAILED: the guest console has failures (above)"; exit 1; fi; \
+		if [ $$b != 0 ]; then echo "[bench] FAILED: no valid results (console log: $(B)/console-bench.log)"; exit 1; fi; \
+		echo "[bench] guest clean ($$(tail -1 $(B)/judge-bench.txt)); results in bench/results/"
 
 check-debug:
 	@$(MAKE) --no-print-directory FLAVOUR=debug check

@@ -20,6 +20,8 @@ pub(crate) const F_WRITE: u32 = 1;
 
 /// Entries of the fault buffer (UVM's batch size).
 pub(crate) const FAULT_BUFFER: usize = 256;
+/// Bytes a streaming kernel faults in and computes on at a time (one fault buffer's worth).
+const WINDOW: u64 = (FAULT_BUFFER * PAGE_SIZE) as u64;
 /// Times one access is replayed before the kernel fails with EIO.
 const MAX_REPLAYS: usize = 16;
 
@@ -187,7 +189,6 @@ impl<'a> Runner<'a> {
     fn prefault(&mut self, start: u64, len: u64, write: bool) -> Result {
         let first = start & !0xfff;
         let end = start + len;
-        let pages = (first..end).step_by(PAGE_SIZE);
         // Chunks of the fault buffer's size keep each batch within bounds.
         let mut chunk_start = first;
         while chunk_start < end {
@@ -195,26 +196,19 @@ impl<'a> Runner<'a> {
             self.ensure((chunk_start..chunk_end).step_by(PAGE_SIZE), write)?;
             chunk_start = chunk_end;
         }
-        drop(pages);
         Ok(())
     }
 
     pub(crate) fn run(&mut self, l: &Launch) -> Result {
         match l.kernel {
-            K_FILL => {
-                self.prefault(l.a, l.len, true)?;
-                self.stream(l.a, l.len, None, |i, w, _| *w = l.value.wrapping_add(i as u32))
-            }
+            K_FILL => self.stream(l.a, l.len, None, |i, w, _| *w = l.value.wrapping_add(i as u32)),
             K_CHECKSUM => {
-                self.prefault(l.a, l.len, false)?;
                 let mut h = FNV_OFFSET;
                 self.read_stream(l.a, l.len, |w| h = (h ^ u64::from(w)).wrapping_mul(FNV_PRIME))?;
                 self.out.result = h;
                 Ok(())
             }
             K_COPY | K_AXPY => {
-                self.prefault(l.a, l.len, false)?;
-                self.prefault(l.b, l.len, true)?;
                 let axpy = l.kernel == K_AXPY;
                 self.stream(l.b, l.len, Some(l.a), |_, y, x| {
                     *y = if axpy { l.value.wrapping_mul(x).wrapping_add(*y) } else { x }
@@ -231,6 +225,16 @@ impl<'a> Runner<'a> {
     fn stream(&mut self, dst: u64, len: u64, src: Option<u64>, mut f: impl FnMut(u64, &mut u32, u32)) -> Result {
         let mut off = 0u64;
         while off < len {
+            if off % WINDOW == 0 {
+                // Like a GPU working through its grid: fault in the next window in batches,
+                // compute on it, move on (never the whole range up front: over capacity that
+                // would evict the window's own pages before they are used).
+                let w = core::cmp::min(WINDOW, len - off);
+                if let Some(s) = src {
+                    self.prefault(s + off, w, false)?;
+                }
+                self.prefault(dst + off, w, true)?;
+            }
             let d = dst + off;
             let mut seg = core::cmp::min(len - off, PAGE_SIZE as u64 - (d & 0xfff));
             if let Some(s) = src {
@@ -265,6 +269,9 @@ impl<'a> Runner<'a> {
     fn read_stream(&mut self, src: u64, len: u64, mut f: impl FnMut(u32)) -> Result {
         let mut off = 0u64;
         while off < len {
+            if off % WINDOW == 0 {
+                self.prefault(src + off, core::cmp::min(WINDOW, len - off), false)?;
+            }
             let s = src + off;
             let seg = core::cmp::min(len - off, PAGE_SIZE as u64 - (s & 0xfff));
             let (so, words) = ((s & 0xfff) as usize, (seg / 4) as usize);

@@ -1,0 +1,453 @@
+#!/usr/bin/env python3
+"""Turn a GMEM benchmark run into results: extracts the one `GMEM-BENCH-JSON {...}` line
+that tools/gmem-bench printed on the guest console and writes
+
+  <out>/results.json   the JSON, pretty-printed
+  <out>/results.md     tables: medians, spreads, baselines, targets met / not met, UVM anchors
+  <out>/ratios.svg     bar chart of the key ratios against their targets
+
+then prints results.md. Exits 1 if the JSON line is missing or invalid (the figures
+themselves are never pass/fail). Python 3 standard library only.
+
+usage: bench.py --console LOG [--out DIR] [--source FILE] [--smoke] [--quiet]
+       bench.py --fingerprint > FILE
+  --smoke        only check that the log holds a valid JSON result; write nothing
+  --fingerprint  print which kernel-side sources are being measured (git HEAD, files that
+                 differ from it, a hash of gmem/ drivers/ policy/ include/); `make bench`
+                 records it right after building and passes it back with --source
+"""
+import argparse
+import hashlib
+import json
+import math
+import os
+import subprocess
+import sys
+from xml.sax.saxutils import escape
+
+MARK = "GMEM-BENCH-JSON "
+SCHEMA = "gmem-bench/1"
+
+
+SOURCE_DIRS = ("gmem", "drivers", "policy", "include")
+
+
+def fingerprint(root="."):
+    """Which kernel-side sources a run measures (read-only git queries)."""
+    def git(*args):
+        try:
+            return subprocess.run(["git", "-C", root, *args], capture_output=True, text=True, check=True).stdout
+        except (OSError, subprocess.CalledProcessError):
+            return ""
+    h = hashlib.sha256()
+    for top in SOURCE_DIRS:
+        for dirpath, dirs, files in sorted(os.walk(os.path.join(root, top))):
+            dirs.sort()
+            for name in sorted(files):
+                if name.endswith((".rs", ".c", ".h", "Kbuild")):
+                    path = os.path.join(dirpath, name)
+                    h.update(path.encode())
+                    with open(path, "rb") as fh:
+                        h.update(fh.read())
+    changed = [line[3:] for line in git("status", "--porcelain", "--", *SOURCE_DIRS).splitlines() if line]
+    return {"git_head": git("rev-parse", "--short", "HEAD").strip(), "changed_vs_head": changed,
+            "sources_sha256": h.hexdigest()[:16], "host": host_state()}
+
+
+def host_state():
+    """How busy the (shared) host is: load average and QEMU guests running."""
+    guests = 0
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/comm") as fh:
+                    guests += fh.read().startswith("qemu-system")
+            except OSError:
+                pass
+    return {"loadavg_1m": os.getloadavg()[0], "cpus": os.cpu_count(), "qemu_guests": guests}
+
+
+def extract(path):
+    """The last JSON result in the console log, parsed; raises ValueError with a reason."""
+    try:
+        text = open(path, errors="replace").read()
+    except OSError as e:
+        raise ValueError(f"cannot read {path}: {e}")
+    found = None
+    for line in text.splitlines():
+        i = line.find(MARK)
+        if i >= 0:
+            found = line[i + len(MARK):].strip()
+    if found is None:
+        raise ValueError(f"no '{MARK.strip()}' line in {path} (did the guest run gmem-bench?)")
+    try:
+        d = json.loads(found)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"the {MARK.strip()} line is not valid JSON: {e}")
+    if not isinstance(d, dict) or d.get("schema") != SCHEMA:
+        raise ValueError(f"unexpected JSON: schema is {d.get('schema') if isinstance(d, dict) else type(d)}")
+    for key in ("mode", "env", "targets", "errors"):
+        if key not in d:
+            raise ValueError(f"JSON result lacks '{key}'")
+    return d
+
+
+def g(d, *path):
+    for k in path:
+        if not isinstance(d, dict) or d.get(k) is None:
+            return None
+        d = d[k]
+    return d
+
+
+def f(x, digits=3):
+    """A number with `digits` significant digits; '—' for missing."""
+    if x is None:
+        return "—"
+    if isinstance(x, bool):
+        return "yes" if x else "no"
+    if isinstance(x, int):
+        return str(x)
+    if x == 0 or not math.isfinite(x):
+        return str(x)
+    mag = math.floor(math.log10(abs(x)))
+    dec = max(0, digits - 1 - mag)
+    return f"{x:.{dec}f}"
+
+
+def st(s, digits=3, scale=1.0):
+    """`median (min–max)` of a stat object."""
+    if not isinstance(s, dict) or s.get("median") is None:
+        return "—"
+    m, lo, hi = (s[k] * scale if s.get(k) is not None else None for k in ("median", "min", "max"))
+    if s.get("n", 1) <= 1:
+        return f(m, digits)
+    return f"{f(m, digits)} ({f(lo, digits)}–{f(hi, digits)})"
+
+
+def pct(x):
+    return "—" if x is None else f"{100 * x:.1f}%"
+
+
+def met(m):
+    return "—" if m is None else ("**met**" if m else "**not met**")
+
+
+def table(head, rows):
+    out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def markdown(d):
+    env = d.get("env", {})
+    L = []
+    L.append("# GMEM benchmark results")
+    L.append("")
+    L.append(f"Mode `{d['mode']}`, kernel {env.get('kernel')}, {env.get('cpus')} vCPUs (QEMU TCG), "
+             f"{env.get('nr_devices')} simulated devices of {f((env.get('device_bytes') or 0) / 2**20)} MiB "
+             f"({env.get('device_frames')} frames), {env.get('reps')} timed repetition(s) per figure "
+             f"(P4: {env.get('p4_reps')}; +{env.get('warmup_runs')} warm-up run outside P4), whole run {f(d.get('total_s'))} s. "
+             f"Defaults: `{env.get('control_defaults')}`.")
+    L.append("")
+    src = d.get("source")
+    if src:
+        ch = src.get("changed_vs_head") or []
+        L.append(f"Kernel-side sources measured: commit `{src.get('git_head')}`"
+                 + (f" plus uncommitted changes in {len(ch)} file(s) ({', '.join(ch)})" if ch else "")
+                 + f"; hash of gmem/ drivers/ policy/ include/ `{src.get('sources_sha256')}`.")
+        hb, ha = src.get("host") or {}, src.get("host_after") or {}
+        if hb:
+            L.append("")
+            L.append(f"Host: {hb.get('cpus')} CPUs, shared; 1-minute load {f(hb.get('loadavg_1m'))} with "
+                     f"{hb.get('qemu_guests')} QEMU guest(s) running before the run (this one not yet started), "
+                     f"{f(ha.get('loadavg_1m'))} after. Other guests on the host slow this one down unevenly: "
+                     f"that is what the spreads show, and why every ratio pairs measurements taken moments apart.")
+        L.append("")
+    L.append("Figures are `median (min–max)` over the repetitions. **QEMU TCG: absolute times are "
+             "meaningless; only ratios against baselines measured in the same run matter.**")
+    L.append("")
+    # Targets.
+    L.append("## Targets")
+    L.append("")
+    rows = []
+    for t in d.get("targets", []):
+        rows.append([t.get("id"), t.get("what"), f(t.get("value")), f"{t.get('op')} {f(t.get('threshold'))}",
+                     met(t.get("met")), f(t.get("uvm_anchor"))])
+    L.append(table(["", "figure", "measured (median)", "target", "", "UVM H200 anchor"], rows))
+    L.append("")
+    L.append("UVM anchors (NVIDIA UVM on H200, fraction of copy bandwidth): fault-driven H→D 0.19, "
+             "D→H 0.14, explicit prefetch 0.90. Targets are goals, not test assertions.")
+    L.append("")
+    # Baseline + P1/P2.
+    b = d.get("baseline")
+    L.append("## Baseline and migration bandwidth (P1, P2)")
+    L.append("")
+    if b:
+        env = d.get("env", {})
+        L.append(f"Baseline survey: CPU copies of {f(b['bytes'] / 2**20)} MiB into a populated anonymous buffer "
+                 f"(ms, MB/s; guest CPU flags: `{env.get('cpu_copy_flags')}`). libc memcpy (`rep movsq`) runs "
+                 f"erratically under TCG; the kernel's own page copies do not use `rep movs` here. The denominator "
+                 f"of every P1/P2 ratio is therefore paired: in each repetition, the faster of libc memcpy and the "
+                 f"SSE2 loop, timed right before that repetition's runs (P1: "
+                 f"{st(g(d, 'p1', 'paired_baseline_mbs'))} MB/s; the survey's paired value: "
+                 f"{st(g(b, 'paired', 'bw_mbs'))} MB/s).")
+        L.append("")
+        rows = []
+        for name, what in (("memcpy", "memcpy, THP allowed"), ("memcpy_nothp", "memcpy, MADV_NOHUGEPAGE"),
+                           ("memcpy_per_4k_page", "memcpy per 4 KiB page, no THP"), ("sse2_loop", "SSE2 loop, no THP"),
+                           ("kernel_copy_to_user", "kernel copy_to_user (pread of a tmpfs file), no THP")):
+            v = b.get(name)
+            if v:
+                rows.append([what, st(v.get("time_s"), 3, 1e3), st(v.get("bw_mbs"))])
+        L.append(table(["copy", "time ms", "MB/s"], rows))
+        L.append("")
+        if b.get("anon_fault_ns_per_page"):
+            L.append(f"A first-touch anonymous write fault (a zero-filled 4 KiB page, no THP) costs "
+                     f"{st(b.get('anon_fault_ns_per_page'))} ns per page on this guest, a read fault (the shared "
+                     f"zero page: no allocation, no zeroing) {st(b.get('anon_read_fault_ns_per_page'))} ns: the "
+                     f"floor under any CPU-fault-driven migration.")
+            L.append("")
+    rows = []
+    p1 = d.get("p1") or {}
+    for key, name in (("on_demand_prefetch0", "P1 device faults, prefetch=0"),
+                      ("on_demand_prefetch1", "P1 device faults, prefetch=1 (default)"),
+                      ("on_demand_prefetch0_thrash0", "P1 device faults, prefetch=0 thrash=0 (diagnostic)"),
+                      ("on_demand_prefetch1_pct25", "P1 device faults, prefetch=1 prefetch_pct=25 (diagnostic)"),
+                      ("explicit_prefetch", "P1 explicit PREFETCH")):
+        r = p1.get(key)
+        if not r:
+            continue
+        rows.append([name, st(r.get("time_s"), 3, 1e3), st(r.get("bw_mbs")), st(r.get("ratio")),
+                     st(r.get("ratio_net")), st(r.get("ratio_vs_libc_memcpy")), f(r.get("pages_per_batch")),
+                     f(r.get("prefetched_per_run")) if "prefetched_per_run" in r and key != "explicit_prefetch" else "—",
+                     f(r.get("copy_calls_per_page")), f(r.get("tlb_flushes_per_page"))])
+    p2 = d.get("p2")
+    if p2:
+        rows.append(["P2 CPU faults, device→host", st(p2.get("time_s"), 3, 1e3), st(p2.get("bw_mbs")),
+                     st(p2.get("ratio")), "—", st(p2.get("ratio_vs_libc_memcpy")), "1 (CPU)", "—", "—", "—"])
+    if rows:
+        L.append(f"Region: {f((p1.get('bytes') or (p2 or {}).get('bytes') or 0) / 2**20)} MiB.")
+        L.append("")
+        L.append(table(["", "time ms", "MB/s", "/ baseline", "/ baseline, device compute excluded",
+                        "/ libc memcpy", "pages per fault batch", "density-prefetched pages per run",
+                        "copy calls per page", "TLB flushes per page"], rows))
+        L.append("")
+        L.append("`/ baseline` is against the paired baseline (targets are judged on it); "
+                 "`device compute excluded`: the same run minus a second CHECKSUM over the now-resident region "
+                 "(the simulated device computes on the guest CPU); `/ libc memcpy`: against the survey's "
+                 "median libc memcpy, unpaired.")
+        if p2 and p2.get("ns_per_page"):
+            L.append(f"P2 costs {st(p2.get('ns_per_page'))} ns per page.")
+        L.append("")
+    prof = p1.get("fault_cost_by_batch_size")
+    if prof:
+        L.append("Device-fault migration cost against the fault batch size (prefetch=0; CHECKSUM launches over k "
+                 "host-resident pages each, minus the same launches once resident):")
+        L.append("")
+        L.append(table(["pages per batch", "ns per page", "ns per batch"],
+                       [[r["batch_pages"], st(r.get("migrate_ns_per_page")), st(r.get("migrate_ns_per_batch"))] for r in prof]))
+        L.append("")
+    # P3.
+    p3 = d.get("p3")
+    L.append("## Per-page migrate-to-device + fault-back cost (P3)")
+    L.append("")
+    if p3:
+        hm = p3.get("hmm")
+        rows = []
+        for key, name in (("gmem", "GMEM, device reads (PREFETCH + CPU read fault)"),
+                          ("gmem_dirty", "GMEM, device writes in between (untimed)")):
+            gm = p3.get(key)
+            if gm:
+                rows.append([name, st(gm.get("ns_per_page")), st(gm.get("to_device_ns_per_page")),
+                             st(gm.get("back_ns_per_page")), "—",
+                             f"{f(gm.get('h2d_per_page'))} / {f(gm.get('d2h_per_page'))}"])
+        if hm:
+            rows.append(["HMM dmirror (MIGRATE_TO_DEV + CPU read fault)", st(hm.get("ns_per_page")),
+                         st(hm.get("to_device_ns_per_page")), st(hm.get("back_ns_per_page")),
+                         st(hm.get("bounce_ns_per_page")), "1 / 1"])
+        L.append(f"{p3.get('pages')} pages, ns per page:")
+        L.append("")
+        L.append(table(["", "total", "to device", "back to host", "driver's verification copy",
+                        "copies H→D / D→H per page"], rows))
+        L.append("")
+        if hm:
+            L.append(f"GMEM / HMM, device writes: {f(p3.get('ratio_dirty'))} raw, "
+                     f"**{f(p3.get('ratio_dirty_vs_hmm_without_bounce'))}** against HMM without the bounce copy "
+                     f"that MIGRATE_TO_DEV makes for its own verification (measured alone with HMM_DMIRROR_READ; "
+                     f"the target is judged on this one). Device only reads: {f(p3.get('ratio'))} raw, "
+                     f"{f(p3.get('ratio_vs_hmm_without_bounce'))} without the bounce copy.")
+        else:
+            L.append(f"HMM not measured: {p3.get('hmm_error')}")
+        L.append("")
+    # P4.
+    p4 = d.get("p4")
+    L.append("## Oversubscription (P4)")
+    L.append("")
+    if p4:
+        L.append(f"Device capacity {f(p4['capacity_bytes'] / 2**20)} MiB; a peer device of the same size is "
+                 f"the victim tier (`peer=1`). Streaming: {p4.get('stream_kernel')}. Random: {p4.get('touch_kernel')}.")
+        L.append("")
+        head = ["run", "size", "time (median, min–max)", "slowdown vs 0.5×", "fault waits / allocs",
+                "evicted host / peer / clean", "pre-evicted", "prefetch pages / used / wasted (accuracy)",
+                "thrash events", "fault pages / batches", "copies / TLB flushes per page"]
+        for c in p4.get("configs", []):
+            wm = c.get("watermarks")
+            extra = f", watermarks low={wm['low']} high={wm['high']}" if wm else ""
+            L.append(f"### `{c.get('control')}`{extra}" + (" (diagnostic)" if c.get("diagnostic") else ""))
+            L.append("")
+            rows = []
+            for kind, unit in (("stream", " ns/B"), ("stream_chunked", " ns/B"), ("touch", " ns/touch")):
+                for r in c.get(kind) or []:
+                    s = r.get("dev0") or {}
+                    rows.append([
+                        f"{kind.replace('_', ' ')} {r.get('factor'):g}×", f"{f(r.get('bytes', 0) / 2**20)} MiB",
+                        st(r.get("per_unit")) + unit,
+                        f(r.get("slowdown")),
+                        f"{s.get('waits_for_eviction')}/{s.get('fault_allocs')} = {pct(s.get('waits_fraction'))}",
+                        f"{s.get('evicted_to_host')} / {s.get('evicted_to_peer')} / {s.get('evicted_clean_dropped')}",
+                        s.get("pre_evicted"),
+                        f"{s.get('prefetch_pages')} / {s.get('prefetch_used')} / {s.get('prefetch_wasted')} ({pct(s.get('prefetch_accuracy'))})",
+                        s.get("thrash_events"),
+                        f"{s.get('fault_pages')}/{s.get('fault_batches')}",
+                        f"{f(r.get('copies_per_page'))} / {f(r.get('tlb_flushes_per_page'))}",
+                    ])
+            L.append(table(head, rows))
+            L.append("")
+        runs = g(p4, "configs") and (p4["configs"][0].get("stream") or [{}])[0].get("runs")
+        L.append(f"Counters are dev0 deltas summed over the {runs} runs of a row; copies and TLB flushes "
+                 f"(GMEM_SIM_IOC_INFO, both devices) are per page of the region per run. Full per-device "
+                 f"deltas, including the peer's write-backs, are in results.json.")
+        L.append("")
+    # P5.
+    p5 = d.get("p5")
+    L.append("## Metadata (P5)")
+    L.append("")
+    if p5:
+        L.append(f"A {f(p5['region_bytes'] / 2**20)} MiB region ({p5['pages']} pages): {p5['metadata_bytes']} bytes "
+                 f"of per-page metadata = **{f(p5['bytes_per_page'])} bytes per 4 KiB page** ({p5.get('source')}).")
+        L.append("")
+    # P6.
+    p6 = d.get("p6")
+    L.append("## Two processes (P6)")
+    L.append("")
+    if p6:
+        L.append(f"{p6.get('kernel')}; {f(p6['bytes_per_process'] / 2**20)} MiB per process.")
+        L.append("")
+        L.append(table(["", "aggregate MB/s", "vs one process"], [
+            ["one process", st(p6.get("single_mbs")), "1"],
+            ["two processes, same device", st(p6.get("two_same_device_mbs")), f(p6.get("ratio_same_device"))],
+            ["two processes, one device each", st(p6.get("two_devices_mbs")), f(p6.get("ratio_two_devices"))],
+            ["CPU memcpy only, one process", st(p6.get("cpu_copy_single_mbs")), "1"],
+            ["CPU memcpy only, two processes", st(p6.get("cpu_copy_two_mbs")), f(p6.get("ratio_cpu_copy"))],
+        ]))
+        L.append("")
+    errs = d.get("errors") or []
+    L.append("## Errors")
+    L.append("")
+    L.append("none" if not errs else "\n".join(f"- {e.get('bench')}: {e.get('error')}" for e in errs))
+    L.append("")
+    return "\n".join(L)
+
+
+def svg(d):
+    """Horizontal bars, one row per target, each on its own scale, with the target line
+    and (where there is one) the UVM anchor."""
+    rows = [t for t in d.get("targets", [])]
+    W, left, right, top, rowh = 900, 330, 40, 60, 46
+    H = top + rowh * len(rows) + 50
+    plot = W - left - right
+    o = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" '
+         f'font-family="sans-serif" font-size="12">',
+         f'<rect x="0" y="0" width="{W}" height="{H}" fill="white"/>',
+         f'<text x="{W / 2}" y="22" text-anchor="middle" font-size="16" font-weight="bold">'
+         f'GMEM key ratios vs targets ({escape(str(d.get("mode")))} run, QEMU TCG: only ratios matter)</text>',
+         f'<text x="{W / 2}" y="42" text-anchor="middle" fill="#555">green: target met, red: not met, grey: not '
+         f'measured; black line: target; blue diamond: UVM H200 anchor; each row has its own scale</text>']
+    for k, t in enumerate(rows):
+        y = top + k * rowh
+        v, thr, anc = t.get("value"), t.get("threshold"), t.get("uvm_anchor")
+        label = f"{t.get('id')} {t.get('short') or t.get('what')}"
+        if len(label) > 52:
+            label = label[:50] + "…"
+        o.append(f'<text x="{left - 8}" y="{y + 20}" text-anchor="end">{escape(label)}</text>')
+        o.append(f'<text x="{left - 8}" y="{y + 34}" text-anchor="end" fill="#555">target {escape(t.get("op", ""))} '
+                 f'{escape(f(thr))}</text>')
+        top_v = max(x for x in (v, thr, anc, 1e-9) if isinstance(x, (int, float)))
+        scale = plot / (top_v * 1.15)
+        o.append(f'<line x1="{left}" y1="{y + 36}" x2="{left + plot}" y2="{y + 36}" stroke="#ddd"/>')
+        if isinstance(v, (int, float)):
+            colour = {True: "#2e8b57", False: "#c0392b"}.get(t.get("met"), "#999")
+            o.append(f'<rect x="{left}" y="{y + 10}" width="{max(1.0, v * scale):.1f}" height="22" fill="{colour}"/>')
+            o.append(f'<text x="{left + v * scale + 5:.1f}" y="{y + 25}">{escape(f(v))}</text>')
+        else:
+            o.append(f'<text x="{left + 5}" y="{y + 25}" fill="#999">not measured</text>')
+        if isinstance(thr, (int, float)):
+            x = left + thr * scale
+            o.append(f'<line x1="{x:.1f}" y1="{y + 4}" x2="{x:.1f}" y2="{y + 38}" stroke="black" stroke-width="2"/>')
+        if isinstance(anc, (int, float)):
+            x, cy = left + anc * scale, y + 21
+            o.append(f'<polygon points="{x:.1f},{cy - 7} {x + 7:.1f},{cy} {x:.1f},{cy + 7} {x - 7:.1f},{cy}" '
+                     f'fill="#2f6fdf" stroke="white"/>')
+    o.append(f'<text x="{left}" y="{H - 18}" fill="#555">P1/P2: bandwidth / memcpy (higher is better). '
+             f'P3: GMEM/HMM per-page cost, P4: slowdown, P5: bytes per page (lower is better).</text>')
+    o.append("</svg>")
+    return "\n".join(o) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--console", help="guest console log")
+    ap.add_argument("--source", help="fingerprint file written by --fingerprint at build time")
+    ap.add_argument("--fingerprint", action="store_true", help="print the source fingerprint and exit")
+    ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--smoke", action="store_true", help="only validate the JSON result")
+    ap.add_argument("--quiet", action="store_true", help="do not print the table")
+    a = ap.parse_args()
+    if a.fingerprint:
+        print(json.dumps(fingerprint()))
+        return 0
+    if not a.console:
+        ap.error("--console is required")
+    try:
+        d = extract(a.console)
+    except ValueError as e:
+        print(f"bench.py: {e}", file=sys.stderr)
+        return 1
+    if a.smoke:
+        print(f"bench.py: valid JSON result ({d['mode']} mode, {len(d.get('errors') or [])} errors)")
+        return 0
+    if a.source:
+        try:
+            src = json.load(open(a.source))
+            if "host_after" not in src:
+                # First use, right after the run: record how busy the host was then (kept
+                # in the file, so that regenerating the tables later does not change it).
+                src["host_after"] = host_state()
+                with open(a.source, "w") as fh:
+                    json.dump(src, fh)
+            d["source"] = src
+        except (OSError, ValueError) as e:
+            print(f"bench.py: ignoring --source {a.source}: {e}", file=sys.stderr)
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "results.json"), "w") as fh:
+        json.dump(d, fh, indent=1)
+        fh.write("\n")
+    md = markdown(d)
+    with open(os.path.join(a.out, "results.md"), "w") as fh:
+        fh.write(md)
+    text = svg(d)
+    import xml.dom.minidom
+    xml.dom.minidom.parseString(text)  # refuse to write an SVG that is not well-formed XML
+    with open(os.path.join(a.out, "ratios.svg"), "w") as fh:
+        fh.write(text)
+    if not a.quiet:
+        print(md)
+    print(f"[bench] wrote {a.out}/results.json, results.md, ratios.svg", file=sys.stderr)
+    if d.get("errors"):
+        print(f"bench.py: {len(d['errors'])} benchmark(s) failed, see 'Errors'", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

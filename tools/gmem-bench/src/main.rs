@@ -1,0 +1,304 @@
+// SPDX-License-Identifier: GPL-2.0
+//! gmem-bench: GMEM's benchmark suite (run by `make bench` inside the QEMU guest).
+//!
+//! Every figure is the median of N timed repetitions (CLOCK_MONOTONIC) with its min/max,
+//! and every ratio is against a baseline measured in the same run: on TCG absolute numbers
+//! mean nothing. Progress goes to stderr (`GMEM-BENCH progress <id> i/n ...`); the result
+//! is ONE line on stdout, `GMEM-BENCH-JSON {...}`, which scripts/bench.py turns into
+//! tables. Exit status: 0 when every benchmark ran and checked its data, 1 when one failed
+//! (its entry is null and the reason is in "errors"), 2 when the JSON did not validate.
+//!
+//! usage: gmem-bench [--smoke | --quick | --full] [reps=N] [only=P1+P4+...]
+//!        gmem-bench copyprobe   (30 timings of each CPU copy style: TCG's memcpy is bimodal)
+//! (words may also be comma-separated, as in the kernel command line `gmembench=quick,only=P4`)
+//! Documentation/benchmarks.rst describes every benchmark and how to read the results.
+
+mod benches;
+mod json;
+mod sys;
+
+use benches::{progress, Bench, P4Config};
+use json::Json;
+use libgmem::sim::Sim;
+use libgmem::Gmem;
+
+struct Args {
+    mode: &'static str,
+    reps: Option<usize>,
+    only: Option<Vec<String>>,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut a = Args { mode: "full", reps: None, only: None };
+    let words: Vec<String> = std::env::args()
+        .skip(1)
+        .flat_map(|s| s.split([',', ' ']).map(str::to_string).collect::<Vec<_>>())
+        .filter(|s| !s.is_empty())
+        .collect();
+    for w in words {
+        let w = w.trim_start_matches('-');
+        match w.split_once('=') {
+            None if w == "smoke" => a.mode = "smoke",
+            None if w == "quick" => a.mode = "quick",
+            None if w == "full" => a.mode = "full",
+            Some(("reps", n)) => a.reps = Some(n.parse().map_err(|_| format!("bad reps '{n}'"))?),
+            Some(("only", l)) => a.only = Some(l.split('+').map(|s| s.to_ascii_uppercase()).collect()),
+            None if w == "copyprobe" => a.mode = "copyprobe",
+            _ => return Err(format!("unknown argument '{w}' (usage: gmem-bench [--smoke|--quick|--full] [reps=N] [only=P1+P4])")),
+        }
+    }
+    Ok(a)
+}
+
+fn uname() -> String {
+    // SAFETY: uname fills the struct we pass.
+    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::uname(&mut u) } != 0 {
+        return String::new();
+    }
+    // SAFETY: the release field is NUL-terminated.
+    unsafe { std::ffi::CStr::from_ptr(u.release.as_ptr()) }.to_string_lossy().into_owned()
+}
+
+/// One target row: `value op threshold`, met or not (null when not measured).
+fn target(id: &str, short: &str, what: &str, value: Option<f64>, op: &str, threshold: f64, anchor: Option<f64>) -> Json {
+    let met = value.map(|v| if op == ">=" { v >= threshold } else { v <= threshold });
+    Json::obj()
+        .with("id", id)
+        .with("short", short)
+        .with("what", what)
+        .with("value", value)
+        .with("op", op)
+        .with("threshold", threshold)
+        .with("met", met)
+        .with("uvm_anchor", anchor)
+}
+
+/// `root.a.b.c` as a number, if present.
+fn num(root: &Json, path: &[&str]) -> Option<f64> {
+    let mut v = root;
+    for k in path {
+        v = v.get(k)?;
+    }
+    v.as_f64()
+}
+
+fn main() {
+    let t_start = sys::now();
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("gmem-bench: {e}");
+            std::process::exit(2);
+        }
+    };
+    if args.mode == "copyprobe" {
+        // Diagnostic: consecutive timings of each CPU copy style (TCG's speed is bimodal).
+        let n = 12 << 20;
+        for style in [0u8, 4, 1, 2] {
+            let v = benches::copy_probe(n, style, 30);
+            eprintln!("GMEM-BENCH copyprobe style {style}: {}", v.iter().map(|t| format!("{:.1}", t * 1e3)).collect::<Vec<_>>().join(" "));
+        }
+        return;
+    }
+    let mut out = Json::obj().with("schema", "gmem-bench/1").with("mode", args.mode);
+    let mut errors: Vec<Json> = vec![];
+    let code = match setup(&args) {
+        Ok(mut b) => run(&mut b, &args, &mut out, &mut errors),
+        Err(e) => {
+            errors.push(Json::obj().with("bench", "setup").with("error", e));
+            1
+        }
+    };
+    out.set("errors", Json::Arr(errors));
+    out.set("total_s", sys::now() - t_start);
+    let line = out.to_line();
+    let code = match json::validate(&line) {
+        Ok(()) => code,
+        Err(e) => {
+            eprintln!("gmem-bench: the JSON result does not validate: {e}");
+            2
+        }
+    };
+    println!("GMEM-BENCH-JSON {line}");
+    std::process::exit(code);
+}
+
+fn setup(args: &Args) -> Result<Bench, String> {
+    let g = Gmem::open().map_err(|e| format!("open /dev/gmem: {e}"))?;
+    let s0 = Sim::open(0).map_err(|e| format!("open /dev/gmem_sim0: {e}"))?;
+    let s1 = Sim::open(1).ok();
+    let i0 = s0.info().map_err(|e| format!("GMEM_SIM_IOC_INFO: {e}"))?;
+    let cap = i0.nr_frames * 4096;
+    let smoke = args.mode == "smoke";
+    let reps = args.reps.unwrap_or(match args.mode {
+        "smoke" => 1,
+        "quick" => 3,
+        _ => 9,
+    });
+    Ok(Bench {
+        g,
+        s0,
+        s1,
+        d0: i0.gmem_id,
+        cap,
+        reps: reps.max(1),
+        warm: if smoke { 0 } else { 1 },
+        smoke,
+        size: if smoke { 64 * 4096 } else { (cap * 3 / 4) as usize },
+        p3_pages: if smoke { 64 } else { 2048 },
+        libc_memcpy_bw: None,
+    })
+}
+
+fn run(b: &mut Bench, args: &Args, out: &mut Json, errors: &mut Vec<Json>) -> i32 {
+    let want = |id: &str| args.only.as_ref().is_none_or(|l| l.iter().any(|x| x == id) || id == "BASELINE");
+    let version = b.g.version().ok();
+    // Remember the module's defaults before any change (restored between benchmarks).
+    let _ = sys::defaults();
+    out.set(
+        "env",
+        Json::obj()
+            .with("kernel", sys_kernel())
+            .with("cpus", num_cpus())
+            .with("nr_devices", version.map(|v| v.nr_devices as u64))
+            .with("device_frames", b.cap / 4096)
+            .with("device_bytes", b.cap)
+            .with("cpu_copy_flags", cpu_copy_flags())
+            .with("test_hmm_loaded", std::path::Path::new("/sys/module/test_hmm").exists())
+            .with("control_defaults", sys::control_settings())
+            .with("reps", b.reps)
+            .with("p4_reps", b.reps.min(5))
+            .with("warmup_runs", b.warm)
+            .with("clock", "CLOCK_MONOTONIC")
+            .with("note", "QEMU TCG: absolute times are meaningless; only ratios within this run are"),
+    );
+    let smoke = b.smoke;
+    let cap = b.cap;
+    // P4 takes most of the run time: at most 5 repetitions there.
+    let p4_reps = b.reps.min(5);
+    let (configs, touch_factors, touch_count) = p4_plan(smoke);
+    type Job<'a> = (&'a str, &'a str, Box<dyn FnOnce(&mut Bench) -> Result<Json, String> + 'a>);
+    let jobs: Vec<Job> = vec![
+        ("BASELINE", "baseline", Box::new(|b: &mut Bench| b.baseline())),
+        ("P1", "p1", Box::new(|b: &mut Bench| b.p1())),
+        ("P2", "p2", Box::new(|b: &mut Bench| b.p2())),
+        ("P3", "p3", Box::new(|b: &mut Bench| b.p3())),
+        ("P4", "p4", Box::new(move |b: &mut Bench| b.p4(&configs, &touch_factors, touch_count, p4_reps))),
+        ("P5", "p5", Box::new(move |b: &mut Bench| b.p5(if smoke { 64 << 20 } else { 1 << 30 }))),
+        ("P6", "p6", Box::new(move |b: &mut Bench| b.p6(if smoke { 64 * 4096 } else { (cap / 4) as usize }))),
+    ];
+    let mut failed = false;
+    for (id, key, f) in jobs {
+        if !want(id) {
+            continue;
+        }
+        let t0 = sys::now();
+        match f(b) {
+            Ok(mut j) => {
+                j.set("elapsed_s", sys::now() - t0);
+                out.set(key, j);
+            }
+            Err(e) => {
+                eprintln!("GMEM-BENCH error {id}: {e}");
+                errors.push(Json::obj().with("bench", id).with("error", e));
+                out.set(key, Json::Null);
+                failed = true;
+                // Leave the switches as the next benchmark expects them.
+                sys::restore().ok();
+            }
+        }
+    }
+    progress("done", 1, 1, "all benchmarks");
+    out.set("targets", targets(out));
+    out.set(
+        "uvm_anchor",
+        Json::obj()
+            .with("source", "NVIDIA UVM on H200, fraction of cudaMemcpy bandwidth (reference figures given with the task)")
+            .with("h2d_fault", 0.19)
+            .with("d2h_fault", 0.14)
+            .with("explicit_prefetch", 0.90),
+    );
+    i32::from(failed)
+}
+
+/// P4's configurations: the two the suite is judged on, then diagnostic ones that
+/// separate the effects (prefetch alone, pre-eviction with wider watermarks, no peer).
+fn p4_plan(smoke: bool) -> (Vec<P4Config>, Vec<f64>, u64) {
+    let cfg = |name: &str, control: &str, watermarks, factors: &[f64], touch, diagnostic| P4Config {
+        name: name.into(),
+        control: control.into(),
+        watermarks,
+        factors: factors.to_vec(),
+        touch,
+        diagnostic,
+    };
+    if smoke {
+        let f = [0.5, 1.5];
+        return (
+            vec![
+                cfg("preevict1_prefetch1", "preevict=1 prefetch=1 peer=1", None, &f, true, false),
+                cfg("preevict0_prefetch0", "preevict=0 prefetch=0 peer=1", None, &f, true, false),
+            ],
+            f.to_vec(),
+            512,
+        );
+    }
+    let all = [0.5, 1.0, 1.5, 2.0, 4.0];
+    let two = [0.5, 2.0];
+    (
+        vec![
+            cfg("preevict1_prefetch1", "preevict=1 prefetch=1 peer=1", None, &all, true, false),
+            cfg("preevict0_prefetch0", "preevict=0 prefetch=0 peer=1", None, &all, true, false),
+            cfg("preevict1_prefetch0", "preevict=1 prefetch=0 peer=1", None, &two, false, true),
+            cfg("preevict0_prefetch1", "preevict=0 prefetch=1 peer=1", None, &two, false, true),
+            cfg("preevict1_prefetch0_wm512", "preevict=1 prefetch=0 peer=1", Some((512, 1024)), &two, false, true),
+            cfg("preevict0_prefetch0_peer0", "preevict=0 prefetch=0 peer=0", None, &two, false, true),
+        ],
+        vec![0.5, 2.0],
+        8192,
+    )
+}
+
+fn targets(out: &Json) -> Json {
+    let p4_slowdown = |cfg: &str, kind: &str| -> Option<f64> {
+        let Some(Json::Arr(cfgs)) = out.get("p4").and_then(|p| p.get("configs")) else { return None };
+        let c = cfgs.iter().find(|c| matches!(c.get("name"), Some(Json::Str(n)) if n == cfg))?;
+        let Some(Json::Arr(rows)) = c.get(kind) else { return None };
+        rows.iter().find(|r| r.get("factor").and_then(Json::as_f64) == Some(2.0))?.get("slowdown")?.as_f64()
+    };
+    // Judged on the like-for-like case: data copied both ways (dirty), against HMM without
+    // the verification copy its ioctl adds.
+    let p3 = num(out, &["p3", "ratio_dirty_vs_hmm_without_bounce"]);
+    let p3_clean = num(out, &["p3", "ratio_vs_hmm_without_bounce"]);
+    Json::Arr(vec![
+        target("P1", "H2D device faults, default", "fault-driven H2D, density prefetch on (default) / copy baseline", num(out, &["p1", "on_demand_prefetch1", "ratio", "median"]), ">=", 0.6, Some(0.19)),
+        target("P1", "H2D device faults, prefetch=0", "fault-driven H2D, prefetch=0 / copy baseline", num(out, &["p1", "on_demand_prefetch0", "ratio", "median"]), ">=", 0.6, Some(0.19)),
+        target("P1", "H2D explicit PREFETCH", "explicit PREFETCH H2D / copy baseline", num(out, &["p1", "explicit_prefetch", "ratio", "median"]), ">=", 0.9, Some(0.90)),
+        target("P2", "D2H CPU faults", "CPU-fault-driven D2H / copy baseline", num(out, &["p2", "ratio", "median"]), ">=", 0.5, Some(0.14)),
+        target("P3", "GMEM/HMM, device writes", "GMEM / HMM per-page cost, to device + device writes + fault back", p3, "<=", 0.5, None),
+        target("P3", "GMEM/HMM, device reads", "same, device only reads (GMEM keeps the host copy: no copy back)", p3_clean, "<=", 0.5, None),
+        target("P4", "2x stream, default", "streaming slowdown at 2x oversubscription (preevict=1 prefetch=1)", p4_slowdown("preevict1_prefetch1", "stream"), "<=", 1.5, None),
+        target("P4", "2x stream, preevict/prefetch off", "streaming slowdown at 2x oversubscription (preevict=0 prefetch=0)", p4_slowdown("preevict0_prefetch0", "stream"), "<=", 1.5, None),
+        target("P4", "2x stream in 1 MiB launches, default", "same, kernels as 1 MiB launches (preevict=1 prefetch=1)", p4_slowdown("preevict1_prefetch1", "stream_chunked"), "<=", 1.5, None),
+        target("P4", "2x stream in 1 MiB launches, off", "same, kernels as 1 MiB launches (preevict=0 prefetch=0)", p4_slowdown("preevict0_prefetch0", "stream_chunked"), "<=", 1.5, None),
+        target("P5", "metadata bytes per page", "metadata bytes per managed 4 KiB page", num(out, &["p5", "bytes_per_page"]), "<=", 16.0, None),
+    ])
+}
+
+/// The x86 flags that decide how memcpy runs (`rep movsb` with erms/fsrm).
+fn cpu_copy_flags() -> String {
+    let text = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let flags = text.lines().find(|l| l.starts_with("flags")).unwrap_or("");
+    ["erms", "fsrm", "avx2", "avx512f"].iter().filter(|f| flags.split_whitespace().any(|w| w == **f)).copied().collect::<Vec<_>>().join(" ")
+}
+
+fn sys_kernel() -> String {
+    uname()
+}
+
+fn num_cpus() -> i64 {
+    // SAFETY: sysconf has no preconditions.
+    unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }
+}
