@@ -121,7 +121,7 @@ fn spare(dev: &Device, region: &Region, p: &crate::region::Pages, i: usize, fram
 
 /// Evicts the victim `frame` and its cold 2 MiB neighbours; returns frames freed, or
 /// `ENOMEM` (with the count so far lost to the caller's early stop) when the host is full.
-fn evict_victim(dev: &Device, frame: u32, who: &Owner, peer: &Option<Arc<Device>>) -> Result<usize> {
+fn evict_victim(dev: &Device, frame: u32, who: &Owner, peer: &Option<Arc<Device>>, budget: usize) -> Result<usize> {
     let region = &who.region;
     let i = who.page as usize;
     let mut p = region.pages.lock();
@@ -144,6 +144,10 @@ fn evict_victim(dev: &Device, frame: u32, who: &Owner, peer: &Option<Arc<Device>
     let first = if block < region.start { 0 } else { (block - region.start) / PAGE_SIZE };
     let last = core::cmp::min(region.npages, first + pages_per_block);
     for j in first..last {
+        // Neighbours go along only while the caller still needs frames.
+        if freed >= budget {
+            break;
+        }
         if j == i {
             continue;
         }
@@ -186,7 +190,10 @@ pub(crate) fn make_room(dev: &Arc<Device>, want: usize, why: Why) -> usize {
             break;
         }
         for (f, who) in victims.iter() {
-            match evict_victim(dev, *f, who, &peer) {
+            // Faults take the whole cold 2 MiB neighbourhood (the stream moves on anyway);
+            // the background worker stays within its watermark target.
+            let budget = if why == Why::Background { want.saturating_sub(freed) } else { usize::MAX };
+            match evict_victim(dev, *f, who, &peer, budget) {
                 Ok(n) => freed += n,
                 // Host memory is exhausted: every further victim would fail the same way.
                 Err(_) => break 'rounds,

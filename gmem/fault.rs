@@ -179,7 +179,14 @@ pub(crate) fn record_move(dev: Option<&Device>, space: &Space, va: u64) -> bool 
     if !tune::THRASH.load(Relaxed) {
         return false;
     }
-    let v = space.thrash.lock().on_move(va, now_ns(), &THRASH);
+    let v = {
+        let mut t = space.thrash.lock();
+        if !t.recent.seen_again(va) {
+            // First move of this page in a while: nothing to track.
+            return false;
+        }
+        t.table.on_move(va, now_ns(), &THRASH)
+    };
     let hit = !matches!(v, Verdict::Migrate);
     if let (true, Some(dev)) = (hit, dev) {
         DevStats::add(&dev.stats.thrash_events, 1);
@@ -210,7 +217,10 @@ fn fault_page(
         let va = r.va(i);
         let mut accessed_by = bits & (1 << d) != 0 || adv::preferred(bits) == Some(Target::Host);
         // A page that kept bouncing stays on the host, mapped remotely, for a while.
-        if !accessed_by && tune::THRASH.load(Relaxed) && s.loc() == Loc::Host && space.thrash.lock().pinned(va, now_ns()) {
+        if !accessed_by && tune::THRASH.load(Relaxed) && s.loc() == Loc::Host && {
+            let t = space.thrash.lock();
+            !t.table.is_empty() && t.table.pinned(va, now_ns())
+        } {
             accessed_by = true;
         }
         let ev = Event::DevFault { dev: d, write, read_mostly: bits & adv::READ_MOSTLY != 0, accessed_by };

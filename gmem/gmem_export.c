@@ -41,11 +41,11 @@ struct workqueue_struct *gmem_wq_alloc(void)
  * Host pages backing GMEM memory: charged to the caller's memory cgroup, and allowed to
  * fail (no OOM kill) so that the access needing the page can fail cleanly (host_page.rs).
  */
-struct page *gmem_host_page_alloc(void);
-struct page *gmem_host_page_alloc(void)
+struct page *gmem_host_page_alloc(bool zero);
+struct page *gmem_host_page_alloc(bool zero)
 {
 	return alloc_page(GFP_HIGHUSER | __GFP_ACCOUNT | __GFP_RETRY_MAYFAIL | __GFP_NOWARN |
-			  __GFP_ZERO);
+			  (zero ? __GFP_ZERO : 0));
 }
 
 /* Kernel structs, in the order of KERNEL_LAYOUT in gmem/layout.rs. */

@@ -13,10 +13,10 @@ use kernel::{bindings, prelude::*};
 
 extern "C" {
     /// Returns a `struct page *` (declared as `void *`: bindgen's `page` is not FFI-clean).
-    fn gmem_host_page_alloc() -> *mut core::ffi::c_void;
+    fn gmem_host_page_alloc(zero: bool) -> *mut core::ffi::c_void;
 }
 
-/// A zeroed order-0 host page owned by a region.
+/// An order-0 host page owned by a region (zeroed, or fully written before any use).
 ///
 /// # Invariants
 /// `self.0` was returned by `gmem_host_page_alloc` and is freed exactly once, by `Drop`.
@@ -29,10 +29,11 @@ unsafe impl Send for HostPage {}
 unsafe impl Sync for HostPage {}
 
 impl HostPage {
-    /// A new zeroed page, or `ENOMEM` (host or memory cgroup limit).
-    pub(crate) fn alloc() -> Result<HostPage> {
+    /// A new page, zeroed unless the caller is about to overwrite all of it (a D2H copy);
+    /// or `ENOMEM` (host or memory cgroup limit).
+    pub(crate) fn alloc(zero: bool) -> Result<HostPage> {
         // SAFETY: plain allocation call, process or worker context.
-        let p = unsafe { gmem_host_page_alloc() }.cast::<bindings::page>();
+        let p = unsafe { gmem_host_page_alloc(zero) }.cast::<bindings::page>();
         // INVARIANT: from `gmem_host_page_alloc`.
         NonNull::new(p).map(HostPage).ok_or(ENOMEM)
     }

@@ -75,7 +75,8 @@ pub(crate) fn apply(env: &Env<'_>, p: &mut Pages, i: usize, next: PageState, a: 
     // 1. Host page (zeroed, charged to the process's memcg).
     let mut new_host = false;
     if a.alloc_host && p.host[i].is_none() {
-        p.host[i] = Some(HostPage::alloc()?);
+        // A page a D2H copy fills whole needs no zeroing first.
+        p.host[i] = Some(HostPage::alloc(!matches!(a.copy, Copy::D2H(_)))?);
         new_host = true;
     }
     // 2. Device frame; a frame that becomes a duplicate needs room in the side list.

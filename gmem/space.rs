@@ -9,7 +9,7 @@
 
 use crate::abi::GmemSpaceHandle;
 use crate::device::{Ctx, Device, DeviceOps};
-use crate::policy::thrash::ThrashTable;
+use crate::policy::thrash::{RecentMoves, ThrashTable};
 use crate::region::Region;
 use crate::registry::MAX_DEVICES;
 use core::sync::atomic::{AtomicU64, Ordering};
@@ -40,12 +40,20 @@ pub(crate) struct Space {
     ctxs: Mutex<[Option<(Arc<Device>, Ctx)>; MAX_DEVICES]>,
     /// Recently migrated pages, for thrashing detection (a leaf lock).
     #[pin]
-    pub(crate) thrash: Mutex<ThrashTable<THRASH_ENTRIES>>,
+    pub(crate) thrash: Mutex<Thrash>,
     pub(crate) stats: SpaceStats,
 }
 
 /// Pages tracked per space for thrashing detection.
 pub(crate) const THRASH_ENTRIES: usize = 128;
+
+/// Thrashing state of a space: a cheap filter of first moves, then the table of pages that
+/// moved again (both pure policy code, `policy/src/thrash.rs`).
+#[derive(Default)]
+pub(crate) struct Thrash {
+    pub(crate) recent: RecentMoves<1024>,
+    pub(crate) table: ThrashTable<THRASH_ENTRIES>,
+}
 
 // SAFETY: every field is thread-safe; the maple tree (whose Rust abstraction does not
 // declare it) serialises all access through its internal `ma_lock` and stores `Arc<Region>`,
@@ -93,7 +101,7 @@ pub(crate) fn open(mm: &Mm) -> Result<Arc<Space>> {
             mm: ARef::from(mm),
             regions <- MapleTree::new(),
             ctxs <- new_mutex!([const { None }; MAX_DEVICES], "gmem_space_ctxs"),
-            thrash <- new_mutex!(ThrashTable::new(), "gmem_space_thrash"),
+            thrash <- new_mutex!(Thrash { recent: RecentMoves::new(), table: ThrashTable::new() }, "gmem_space_thrash"),
             stats: SpaceStats::default(),
         }),
         GFP_KERNEL,

@@ -263,3 +263,75 @@ mod tests {
         assert_eq!(t.on_move(5, 0, &P), Verdict::Throttle, "backwards steps are no pause");
     }
 }
+
+/// A direct-mapped memory of recently moved pages: the cheap first step of thrashing
+/// detection. A page's first move only fills a slot; only a page seen again (its slot still
+/// holds it) is worth the [`ThrashTable`]'s attention. Streaming workloads, whose pages
+/// each move once, then never touch the table. `N` must be a power of two.
+pub struct RecentMoves<const N: usize> {
+    /// `page + 1` per slot; 0 = empty.
+    slots: [u64; N],
+}
+
+impl<const N: usize> RecentMoves<N> {
+    pub const fn new() -> Self {
+        RecentMoves { slots: [0; N] }
+    }
+
+    fn slot(page: u64) -> usize {
+        // Fibonacci hashing of the page number; N is a power of two.
+        let h = (page >> 12).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        (h >> 32) as usize & (N.max(1) - 1)
+    }
+
+    /// Records a move of `page`; true if the page was recorded before and not displaced.
+    pub fn seen_again(&mut self, page: u64) -> bool {
+        let i = Self::slot(page);
+        let key = page.wrapping_add(1);
+        match self.slots.get_mut(i) {
+            Some(s) if *s == key => true,
+            Some(s) => {
+                *s = key;
+                false
+            }
+            None => false,
+        }
+    }
+}
+
+impl<const N: usize> Default for RecentMoves<N> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(test)]
+mod recent_tests {
+    use super::RecentMoves;
+
+    #[test]
+    fn first_move_is_filtered_second_passes() {
+        let mut r = RecentMoves::<64>::new();
+        assert!(!r.seen_again(0x1000));
+        assert!(r.seen_again(0x1000));
+        assert!(r.seen_again(0x1000));
+        // Page 0 works too (slots store page + 1).
+        assert!(!r.seen_again(0));
+        assert!(r.seen_again(0));
+    }
+
+    #[test]
+    fn a_stream_never_passes_the_filter() {
+        let mut r = RecentMoves::<64>::new();
+        let passed = (0..100_000u64).filter(|p| r.seen_again(p << 12)).count();
+        assert_eq!(passed, 0);
+    }
+
+    #[test]
+    fn a_displaced_page_starts_over() {
+        let mut r = RecentMoves::<1>::new();
+        assert!(!r.seen_again(0x1000));
+        assert!(!r.seen_again(0x2000));
+        assert!(!r.seen_again(0x1000));
+    }
+}

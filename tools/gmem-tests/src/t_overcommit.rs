@@ -278,6 +278,34 @@ fn eviction_races_free_munmap_and_exit() -> TestResult {
     Ok(())
 }
 
+/// CPU and device take turns writing one page: the page bounces, thrashing detection
+/// throttles it and then keeps it on the host with a remote device mapping.
+fn ping_pong_page_is_detected_and_pinned_remote() -> TestResult {
+    let (g, s) = open()?;
+    let r = ok!(g.alloc(64 * 1024));
+    let before = counter(0, "thrash_events")?;
+    let w = words(&r);
+    let mut expect = 0u32;
+    let mut remote = false;
+    for round in 0..200 {
+        w[0] = w[0].wrapping_add(1); // CPU write: the page comes home
+        expect = expect.wrapping_add(1);
+        ok!(s.touch(r.addr, 4096, 1, 1, true)); // device write: the page goes out again
+        expect = expect.wrapping_add(1);
+        let q = ok!(g.query(r.addr, 1))[0];
+        if q_loc(q) == GMEM_LOC_HOST && q & GMEM_Q_REMOTE != 0 {
+            remote = true;
+            ensure!(round > 2, "pinned remote after only {round} rounds");
+            break;
+        }
+    }
+    let events = counter(0, "thrash_events")? - before;
+    ensure!(events > 0, "no thrash event after 200 bounces");
+    ensure!(remote, "page never pinned on the host with a remote mapping ({events} events)");
+    ensure!(w[0] == expect, "data lost while bouncing: {} != {expect}", w[0]);
+    Ok(())
+}
+
 const CG: &str = "/sys/fs/cgroup/gmem_oom";
 
 fn sh(cmd: &str) -> std::result::Result<(), String> {
@@ -410,5 +438,6 @@ pub fn tests() -> Vec<Test> {
         Test { name: "fragmented_pool_still_allocates", f: fragmented_pool_still_allocates },
         Test { name: "eviction_races_free_munmap_and_exit", f: eviction_races_free_munmap_and_exit },
         Test { name: "host_oom_during_eviction_fails_cleanly", f: host_oom_during_eviction_fails_cleanly },
+        Test { name: "ping_pong_page_is_detected_and_pinned_remote", f: ping_pong_page_is_detected_and_pinned_remote },
     ]
 }
