@@ -166,8 +166,12 @@ pub(crate) fn device_fault(dev: &Arc<Device>, space: &Space, addrs: &[u64], writ
     Ok(())
 }
 
-/// Thrashing parameters (UVM's: 3 moves within 500 us; pin after 10 throttles).
-const THRASH: ThrashParams = ThrashParams { window_ns: 500_000, moves: 3, throttles_to_pin: 10, pin_ns: 150_000_000 };
+/// Thrashing parameters: UVM's (3 moves within 500 us, pin after 10 throttles, for 300
+/// windows), with the window tunable (`thrash_window_us`).
+fn thrash_params() -> ThrashParams {
+    let window_ns = u64::from(tune::THRASH_WINDOW_US.load(Relaxed)) * 1000;
+    ThrashParams { window_ns, moves: 3, throttles_to_pin: 10, pin_ns: window_ns * 300 }
+}
 
 pub(crate) fn now_ns() -> u64 {
     // SAFETY: reading the monotonic clock has no preconditions.
@@ -185,7 +189,7 @@ pub(crate) fn record_move(dev: Option<&Device>, space: &Space, va: u64) -> bool 
             // First move of this page in a while: nothing to track.
             return false;
         }
-        t.table.on_move(va, now_ns(), &THRASH)
+        t.table.on_move(va, now_ns(), &thrash_params())
     };
     let hit = !matches!(v, Verdict::Migrate);
     if let (true, Some(dev)) = (hit, dev) {

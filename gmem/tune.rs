@@ -6,6 +6,7 @@
 //! - `preevict=0|1`        background pre-eviction between the watermarks (default 1)
 //! - `peer=0|1`            park victims on peer devices with spare frames (default 1)
 //! - `thrash=0|1`          thrashing detection and response (default 1)
+//! - `thrash_window_us=N`  longest pause between moves of one burst (default 500, as UVM)
 //! - `dev=N low=L high=H`  watermarks of device N, in frames
 
 use crate::registry;
@@ -17,6 +18,7 @@ pub(crate) static PREFETCH_PCT: AtomicU32 = AtomicU32::new(51);
 pub(crate) static PREEVICT: AtomicBool = AtomicBool::new(true);
 pub(crate) static PEER: AtomicBool = AtomicBool::new(true);
 pub(crate) static THRASH: AtomicBool = AtomicBool::new(true);
+pub(crate) static THRASH_WINDOW_US: AtomicU32 = AtomicU32::new(500);
 
 fn flag(v: &str) -> Result<bool> {
     match v {
@@ -47,6 +49,12 @@ pub(crate) fn apply(text: &str) -> Result {
                     return Err(EINVAL);
                 }
             }
+            "thrash_window_us" => {
+                let w = num(v)?;
+                if w == 0 || w > 10_000_000 {
+                    return Err(EINVAL);
+                }
+            }
             "dev" => dev = Some(registry::get(num(v)? as usize).ok_or(ENODEV)?),
             "low" => low = Some(num(v)?),
             "high" => high = Some(num(v)?),
@@ -69,6 +77,7 @@ pub(crate) fn apply(text: &str) -> Result {
             "peer" => PEER.store(flag(v)?, Relaxed),
             "thrash" => THRASH.store(flag(v)?, Relaxed),
             "prefetch_pct" => PREFETCH_PCT.store(num(v)? as u32, Relaxed),
+            "thrash_window_us" => THRASH_WINDOW_US.store(num(v)? as u32, Relaxed),
             _ => {}
         }
     }
@@ -79,11 +88,12 @@ pub(crate) fn apply(text: &str) -> Result {
 pub(crate) fn show(f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
     writeln!(
         f,
-        "prefetch={} prefetch_pct={} preevict={} peer={} thrash={}",
+        "prefetch={} prefetch_pct={} preevict={} peer={} thrash={} thrash_window_us={}",
         PREFETCH.load(Relaxed) as u8,
         PREFETCH_PCT.load(Relaxed),
         PREEVICT.load(Relaxed) as u8,
         PEER.load(Relaxed) as u8,
-        THRASH.load(Relaxed) as u8
+        THRASH.load(Relaxed) as u8,
+        THRASH_WINDOW_US.load(Relaxed)
     )
 }
