@@ -90,16 +90,21 @@ fn sh(cmd: &str) -> std::result::Result<(), String> {
 /// Must run last of the tests that use the devices: it reloads the driver.
 fn driver_unregister_evacuates() -> TestResult {
     let g = Gmem::open().map_err(|e| e.to_string())?;
-    let r = ok!(g.alloc(2 << 20));
     let r2 = ok!(g.alloc(1 << 20));
-    {
+    let r = {
         let s0 = Sim::open(0).map_err(|e| e.to_string())?;
         let s1 = Sim::open(1).map_err(|e| e.to_string())?;
-        ok!(s0.fill(r.addr, r.len as u64, 100));
         ok!(r2.advise(GMEM_ADV_PIN, 1));
         ok!(s1.fill(r2.addr, r2.len as u64, 200));
-        ensure!(q_loc(ok!(r.query())[0]) == GMEM_LOC_DEVICE, "not on device before rmmod");
-    }
+        // Twice device 0's memory: victims are parked on device 1 and the background
+        // worker (pre-eviction, write-back of parked victims) is busy when the driver goes.
+        let cap = ok!(s0.info()).nr_frames * 4096;
+        let r = ok!(g.alloc(2 * cap));
+        ok!(s0.fill(r.addr, r.len as u64, 100));
+        let q = ok!(r.query());
+        ensure!(q.iter().any(|w| q_loc(*w) == GMEM_LOC_DEVICE), "nothing on a device before rmmod");
+        r
+    };
     sh("rmmod gmem_sim")?;
     let q = ok!(r.query());
     crate::harness::all_at(&q, GMEM_LOC_HOST, 0)?;
@@ -108,7 +113,7 @@ fn driver_unregister_evacuates() -> TestResult {
     ensure!(v.nr_devices == 0, "devices still registered: {}", v.nr_devices);
     let w = words(&r);
     for (i, &x) in w.iter().enumerate() {
-        ensure!(x == 100 + i as u32, "word {i} lost in evacuation: {x}");
+        ensure!(x == 100u32.wrapping_add(i as u32), "word {i} lost in evacuation: {x}");
     }
     let w2 = words(&r2);
     for (i, &x) in w2.iter().enumerate() {
@@ -117,7 +122,7 @@ fn driver_unregister_evacuates() -> TestResult {
     sh("insmod /lib/gmem/gmem_sim.ko nr_devices=2 mem_mib=16")?;
     let s0 = Sim::open(0).map_err(|e| e.to_string())?;
     let o = ok!(s0.checksum(r.addr, r.len as u64));
-    let expect: Vec<u32> = (0..r.len as u32 / 4).map(|i| 100 + i).collect();
+    let expect: Vec<u32> = (0..r.len as u32 / 4).map(|i| 100u32.wrapping_add(i)).collect();
     ensure!(o.result == libgmem::sim::checksum(&expect), "re-registered device reads wrong data");
     expect_errno!(g.free_raw(r.addr + 1), libc::EINVAL);
     Ok(())
