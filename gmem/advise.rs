@@ -161,11 +161,11 @@ fn move_pages(space: &Space, region: &Arc<Region>, first: usize, count: usize, a
         match migrate::apply(&Env::access(region, vma), &mut p, i, next, &acts) {
             Err(e) if e == ENOSPC => {
                 drop(p);
-                let full = acts.alloc_frame.and_then(|x| registry::get(x as usize)).ok_or(ENOMEM)?;
                 retries += 1;
-                if retries > 64 || crate::evict::make_room(&full, 64, crate::evict::Why::Advice) == 0 {
+                if retries > 64 {
                     return Err(ENOMEM);
                 }
+                crate::evict::make_room_for(&acts, 64, crate::evict::Why::Advice)?;
             }
             Err(e) => return Err(e),
             Ok(()) => {

@@ -449,11 +449,8 @@ impl Device {
 
 /// Queues the background worker if the device is below its low watermark.
 pub(crate) fn kick(dev: &Arc<Device>) {
-    if dev.alive() && crate::tune::PREEVICT.load(Ordering::Relaxed) && dev.frames_free() < dev.low() {
-        if let Some(q) = crate::wq::get() {
-            // Already queued is fine: one run serves every request.
-            let _ = q.enqueue(dev.clone());
-        }
+    if crate::tune::PREEVICT.load(Ordering::Relaxed) && dev.frames_free() < dev.low() {
+        kick_always(dev);
     }
 }
 
@@ -461,6 +458,7 @@ pub(crate) fn kick(dev: &Arc<Device>) {
 pub(crate) fn kick_always(dev: &Arc<Device>) {
     if dev.alive() {
         if let Some(q) = crate::wq::get() {
+            // Already queued is fine: one run serves every request.
             let _ = q.enqueue(dev.clone());
         }
     }

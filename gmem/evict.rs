@@ -17,13 +17,13 @@
 //! Lock order: `Device::evict_lock` -> region pages -> `Space::ctxs` -> `Device::frames`.
 //! Eviction never runs with a region lock held by its caller.
 
-use crate::device::{DevStats, Device, DeviceOps, Owner, F_PREFERRED_SPARED};
+use crate::device::{Ctx, DevStats, Device, DeviceOps, Owner, F_PREFERRED_SPARED};
 use crate::policy::evict::F_LENT;
 use crate::policy::page_state::Target;
 use crate::region::adv;
 use crate::migrate::{self, Env};
 use crate::policy::evict::{reclaim_target, F_REF};
-use crate::policy::page_state::{transition, Event, Loc};
+use crate::policy::page_state::{transition, Actions, Event, Loc};
 use crate::region::{Region, PAGE_SIZE};
 use crate::{registry, tune};
 use core::sync::atomic::Ordering::Relaxed;
@@ -103,8 +103,7 @@ fn evict_page(
 /// Whether the page at `i` (owner frame `frame` on `dev`) deserves a second chance: the
 /// device touched it since the last look, or it prefers this device and was not spared
 /// yet. Either way it is marked referenced.
-fn spare(dev: &Device, region: &Region, p: &crate::region::Pages, i: usize, frame: u32) -> bool {
-    let ctx = region.space.ctx_if_any(dev);
+fn spare(dev: &Device, region: &Region, ctx: Option<Ctx>, p: &crate::region::Pages, i: usize, frame: u32) -> bool {
     let used = ctx.and_then(|c| dev.drv.test_clear_accessed(c, region.va(i))).unwrap_or(false);
     if used {
         // Also settles a pending prefetch as used (the accessed bit is consumed here).
@@ -134,7 +133,9 @@ fn evict_victim(dev: &Device, frame: u32, who: &Owner, peer: &Option<Arc<Device>
     if !owner && p.dup_frame(i, d) != Some(frame) {
         return Ok(0);
     }
-    if owner && spare(dev, region, &p, i, frame) {
+    // The device's context for this region's space, looked up once for the whole batch.
+    let ctx = region.space.ctx_if_any(dev);
+    if owner && spare(dev, region, ctx, &p, i, frame) {
         return Ok(0);
     }
     let mut freed = evict_page(dev, region, &mut p, i, peer)?;
@@ -156,7 +157,7 @@ fn evict_victim(dev: &Device, frame: u32, who: &Owner, peer: &Option<Arc<Device>
             continue;
         }
         let fj = p.frame[j];
-        if dev.flags(fj) & F_REF != 0 || spare(dev, region, &p, j, fj) {
+        if dev.flags(fj) & F_REF != 0 || spare(dev, region, ctx, &p, j, fj) {
             continue;
         }
         freed += evict_page(dev, region, &mut p, j, peer)?;
@@ -204,6 +205,17 @@ pub(crate) fn make_room(dev: &Arc<Device>, want: usize, why: Why) -> usize {
         DevStats::add(&dev.stats.pre_evicted, freed as u64);
     }
     freed
+}
+
+/// A transition's frame allocation found its device full: frees up to `want` frames there
+/// so the caller can retry; `ENOMEM` if nothing could be freed (all pinned, or the host is
+/// out of memory). The caller must have dropped its region lock.
+pub(crate) fn make_room_for(a: &Actions, want: usize, why: Why) -> Result {
+    let full = a.alloc_frame.and_then(|d| registry::get(d as usize)).ok_or(ENOMEM)?;
+    if make_room(&full, want, why) == 0 {
+        return Err(ENOMEM);
+    }
+    Ok(())
 }
 
 /// Writes parked victims back to host, so that the lender can later drop them instantly.

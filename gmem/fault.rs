@@ -13,7 +13,7 @@ use crate::policy::batch;
 use crate::evict::{self, Why};
 use crate::policy::page_state::{transition, Copy, Event, Loc, Target};
 use crate::policy::thrash::{ThrashParams, Verdict};
-use crate::{prefetch, registry, tune};
+use crate::{prefetch, tune};
 use core::sync::atomic::Ordering::Relaxed;
 use crate::region::{adv, Region};
 use crate::space::{self, Space};
@@ -140,26 +140,30 @@ pub(crate) fn device_fault(dev: &Arc<Device>, space: &Space, addrs: &[u64], writ
     DevStats::add(&dev.stats.fault_batches, 1);
     DevStats::add(&dev.stats.faults, addrs.len() as u64);
     let d = u8::try_from(dev.id).map_err(|_| EINVAL)?;
-    let mut region: Option<Arc<Region>> = None;
+    // The region of the previous address and its VMA: looked up again only when the batch
+    // crosses into another region.
+    let mut cur: Option<(Arc<Region>, Option<&kernel::mm::virt::VmaRef>)> = None;
     for block in batch::by_block(addrs) {
         let mut faulted = [0u64; 8];
         for &a in block {
             let a = usize::try_from(a).map_err(|_| EFAULT)?;
-            let r = match region.take() {
-                Some(r) if r.index(a).is_some() => r,
-                _ => space.region_at(a).ok_or(EFAULT)?,
+            let (r, vma) = match cur.take() {
+                Some((r, v)) if r.index(a).is_some() => (r, v),
+                _ => {
+                    let r = space.region_at(a).ok_or(EFAULT)?;
+                    let v = mmap.vma_lookup(r.start).filter(|v| v.start() == r.start);
+                    (r, v)
+                }
             };
             let i = r.index(a).ok_or(EFAULT)?;
-            let vma = mmap.vma_lookup(a).filter(|v| v.start() == r.start);
             fault_page(dev, space, &r, vma, i, write, d)?;
             let k = (a >> 12) & 511;
             faulted[k / 64] |= 1 << (k % 64);
-            region = Some(r);
+            cur = Some((r, vma));
         }
-        if let (Some(r), Some(&first)) = (&region, block.first()) {
+        if let (Some((r, vma)), Some(&first)) = (&cur, block.first()) {
             if tune::PREFETCH.load(Relaxed) {
-                let vma = mmap.vma_lookup(r.start).filter(|v| v.start() == r.start);
-                prefetch::on_fault(dev, r, vma, (first as usize) & !((1 << 21) - 1), &faulted);
+                prefetch::on_fault(dev, r, *vma, (first as usize) & !((1 << 21) - 1), &faulted);
             }
         }
     }
@@ -232,10 +236,7 @@ fn fault_page(
         match migrate::apply(&Env::access(r, vma), &mut p, i, next, &acts) {
             Err(e) if e == ENOSPC => {
                 drop(p);
-                let full = acts.alloc_frame.and_then(|x| registry::get(x as usize)).ok_or(ENOMEM)?;
-                if evict::make_room(&full, 32, Why::Fault) == 0 {
-                    return Err(ENOMEM);
-                }
+                evict::make_room_for(&acts, 32, Why::Fault)?;
             }
             res => {
                 drop(p);

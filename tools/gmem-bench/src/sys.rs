@@ -87,39 +87,11 @@ pub fn watermarks(dev: i32) -> Option<(u64, u64)> {
     None
 }
 
-/// Counters of every device in `/sys/kernel/debug/gmem/devices`, keyed `section.name`
-/// (`faults.allocs`, `evicted.to_peer`, `prefetch.pages`, ...; the header line's keys have
-/// no section: `frames`, `used`, ...).
-pub type Counters = BTreeMap<u32, BTreeMap<String, u64>>;
+pub use libgmem::debugfs::Counters;
 
+/// Counters of every device (`libgmem::debugfs`); empty if debugfs is not readable.
 pub fn counters() -> Counters {
-    let text = std::fs::read_to_string("/sys/kernel/debug/gmem/devices").unwrap_or_default();
-    parse_counters(&text)
-}
-
-pub fn parse_counters(text: &str) -> Counters {
-    let mut out = Counters::new();
-    let mut dev = None;
-    for line in text.lines() {
-        let mut words = line.split_whitespace();
-        let Some(first) = words.next() else { continue };
-        let section = if !line.starts_with(' ') {
-            dev = first.strip_prefix("dev").and_then(|d| d.parse::<u32>().ok());
-            String::new()
-        } else {
-            format!("{}.", first.trim_end_matches(':'))
-        };
-        let Some(d) = dev else { continue };
-        let m = out.entry(d).or_default();
-        for w in line.split_whitespace() {
-            if let Some((k, v)) = w.split_once('=') {
-                if let Ok(v) = v.parse::<u64>() {
-                    m.insert(format!("{section}{k}"), v);
-                }
-            }
-        }
-    }
-    out
+    libgmem::debugfs::counters().unwrap_or_default()
 }
 
 /// `after - before` per device and counter (gauges such as `used` are left out).
@@ -339,7 +311,7 @@ mod tests {
     #[test]
     fn parses_the_devices_file() {
         let text = "dev0 frames=4096 used=10 pinned=0 lent=0 low=64 high=128 alive=1\n  faults: batches=2 pages=512 allocs=500 waits_for_eviction=3\n  prefetch: pages=7 used=5 wasted=1 thrash_events=0\ndev1 frames=4096 used=0\n  faults: batches=0 pages=0 allocs=0 waits_for_eviction=0\n";
-        let c = parse_counters(text);
+        let c = libgmem::debugfs::parse(text);
         assert_eq!(get(&c, 0, "faults.pages"), 512);
         assert_eq!(get(&c, 0, "prefetch.pages"), 7);
         assert_eq!(get(&c, 0, "used"), 10);

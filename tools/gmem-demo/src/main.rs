@@ -190,15 +190,5 @@ fn main() {
 
 /// Device `dev`'s prefetched-pages counter (debugfs), if readable.
 fn prefetched(dev: i32) -> Option<u64> {
-    let text = std::fs::read_to_string("/sys/kernel/debug/gmem/devices").ok()?;
-    let mut here = false;
-    for line in text.lines() {
-        if !line.starts_with(' ') {
-            here = line.starts_with(&format!("dev{dev} "));
-        } else if here && line.trim_start().starts_with("prefetch:") {
-            let w = line.split_whitespace().find_map(|w| w.strip_prefix("pages="))?;
-            return w.parse().ok();
-        }
-    }
-    None
+    libgmem::debugfs::counter(u32::try_from(dev).ok()?, "prefetch.pages")
 }

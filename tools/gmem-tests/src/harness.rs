@@ -173,3 +173,21 @@ pub fn all_at(states: &[u32], loc: u32, dev: u32) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// Runs a shell command in the guest (busybox); fails with the command in the message.
+pub fn sh(cmd: &str) -> Result<(), String> {
+    let st = std::process::Command::new("/bin/sh").arg("-c").arg(cmd).status().map_err(|e| e.to_string())?;
+    if st.success() { Ok(()) } else { Err(format!("`{cmd}` failed: {st}")) }
+}
+
+/// Installs `handler` (an `extern "C" fn` cast to usize; three-argument `SA_SIGINFO` form if
+/// `siginfo`) for `sig`. The caller guarantees the handler is async-signal-safe.
+pub fn on_signal(sig: i32, handler: usize, siginfo: bool) {
+    // SAFETY: a zeroed sigaction with a handler address and flags is a valid argument.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = handler;
+        sa.sa_flags = if siginfo { libc::SA_SIGINFO } else { 0 };
+        libc::sigaction(sig, &sa, std::ptr::null_mut());
+    }
+}

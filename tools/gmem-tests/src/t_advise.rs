@@ -27,13 +27,8 @@ extern "C" fn on_sigbus(_sig: i32, info: *mut libc::siginfo_t, _ctx: *mut libc::
 }
 
 fn install_sigbus_handler() {
-    // SAFETY: installs a handler that only uses async-signal-safe operations.
-    unsafe {
-        let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = on_sigbus as *const () as usize;
-        sa.sa_flags = libc::SA_SIGINFO;
-        libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut());
-    }
+    // The handler only uses async-signal-safe operations.
+    crate::harness::on_signal(libc::SIGBUS, on_sigbus as *const () as usize, true);
 }
 use crate::{ensure, expect_errno, ok};
 use libgmem::sim::{checksum, Sim};

@@ -3,7 +3,7 @@
 //! the CPU computes independently. The guest loads gmem_sim with 16 MiB (4096 frames) per
 //! device, so "2x" is 32 MiB.
 
-use crate::harness::{child_exit, open, words, Test, TestResult};
+use crate::harness::{child_exit, open, sh, words, Test, TestResult};
 use crate::{ensure, expect_errno, ok};
 use libgmem::sim::{checksum, Sim};
 use libgmem::*;
@@ -17,23 +17,9 @@ pub fn control(cmd: &str) -> std::result::Result<(), String> {
     std::fs::write("/sys/kernel/debug/gmem/control", cmd).map_err(|e| format!("control '{cmd}': {e}"))
 }
 
-/// A counter of device `dev` from `/sys/kernel/debug/gmem/devices` (e.g. "to_peer").
+/// A counter of device `dev` from debugfs, e.g. "evicted.to_peer" (`libgmem::debugfs`).
 pub fn counter(dev: u32, key: &str) -> std::result::Result<u64, String> {
-    let text = std::fs::read_to_string("/sys/kernel/debug/gmem/devices").map_err(|e| e.to_string())?;
-    let mut in_dev = false;
-    for line in text.lines() {
-        if !line.starts_with(' ') {
-            in_dev = line.starts_with(&format!("dev{dev} "));
-        }
-        if in_dev {
-            for w in line.split_whitespace() {
-                if let Some(v) = w.strip_prefix(key).and_then(|r| r.strip_prefix('=')) {
-                    return v.parse().map_err(|_| format!("bad value in '{w}'"));
-                }
-            }
-        }
-    }
-    Err(format!("no counter {key} for dev{dev}"))
+    libgmem::debugfs::counter(dev, key).ok_or_else(|| format!("no counter {key} for dev{dev}"))
 }
 
 fn fill_words(len: usize, value: u32) -> Vec<u32> {
@@ -180,13 +166,13 @@ fn peer_device_victim_tier() -> TestResult {
     let s1 = Sim::open(1).map_err(|e| e.to_string())?;
     let dev1 = ok!(s1.info()).gmem_id as u32;
     let cap = capacity(&s0)?;
-    let before = counter(0, "to_peer")?;
+    let before = counter(0, "evicted.to_peer")?;
     let r = ok!(g.alloc(cap * 3 / 2));
     ok!(s0.fill(r.addr, r.len as u64, 300));
     let q = ok!(r.query());
     let parked = q.iter().filter(|w| q_loc(**w) == GMEM_LOC_DEVICE && q_dev(**w) == dev1).count();
     ensure!(parked > 0, "no victim parked on device 1 (oracle)");
-    ensure!(counter(0, "to_peer")? > before, "to_peer counter did not move");
+    ensure!(counter(0, "evicted.to_peer")? > before, "to_peer counter did not move");
     // Pressure on the lender: its own allocations win, parked frames are reclaimed.
     let mine = ok!(g.alloc(cap));
     ok!(s1.fill(mine.addr, mine.len as u64, 400));
@@ -210,11 +196,11 @@ fn fragmented_pool_still_allocates() -> TestResult {
         for p in (0..a.pages()).step_by(2) {
             ok!(g.advise(a.addr + p as u64 * 4096, 4096, GMEM_ADV_DONTNEED, GMEM_NO_DEVICE, 0));
         }
-        let waits = counter(0, "waits_for_eviction")?;
+        let waits = counter(0, "faults.waits_for_eviction")?;
         // Larger than any contiguous free run (1 frame), smaller than the free total.
         let b = ok!(g.alloc((a.pages() as u64 / 2 - 64) * 4096));
         ok!(s.fill(b.addr, b.len as u64, 2));
-        ensure!(counter(0, "waits_for_eviction")? == waits, "allocation needed eviction: fragmentation");
+        ensure!(counter(0, "faults.waits_for_eviction")? == waits, "allocation needed eviction: fragmentation");
         let qa = ok!(a.query());
         ensure!((1..a.pages()).step_by(2).all(|p| q_loc(qa[p]) == GMEM_LOC_DEVICE), "survivors were evicted");
         crate::harness::all_at(&ok!(b.query()), GMEM_LOC_DEVICE, 0)?;
@@ -292,7 +278,7 @@ fn ping_pong_page_is_detected_and_pinned_remote() -> TestResult {
 fn ping_pong() -> TestResult {
     let (g, s) = open()?;
     let r = ok!(g.alloc(64 * 1024));
-    let before = counter(0, "thrash_events")?;
+    let before = counter(0, "prefetch.thrash_events")?;
     let w = words(&r);
     let mut expect = 0u32;
     let mut remote = false;
@@ -308,7 +294,7 @@ fn ping_pong() -> TestResult {
             break;
         }
     }
-    let events = counter(0, "thrash_events")? - before;
+    let events = counter(0, "prefetch.thrash_events")? - before;
     ensure!(events > 0, "no thrash event after 200 bounces");
     ensure!(remote, "page never pinned on the host with a remote mapping ({events} events)");
     ensure!(w[0] == expect, "data lost while bouncing: {} != {expect}", w[0]);
@@ -317,10 +303,6 @@ fn ping_pong() -> TestResult {
 
 const CG: &str = "/sys/fs/cgroup/gmem_oom";
 
-fn sh(cmd: &str) -> std::result::Result<(), String> {
-    let st = std::process::Command::new("/bin/sh").arg("-c").arg(cmd).status().map_err(|e| e.to_string())?;
-    if st.success() { Ok(()) } else { Err(format!("`{cmd}` failed")) }
-}
 
 static SIGBUSES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
@@ -381,12 +363,8 @@ fn host_oom_during_eviction_fails_cleanly() -> TestResult {
             // SAFETY: writing inside our own mapped region.
             unsafe { std::ptr::write_volatile((a.addr as usize + off) as *mut u32, 0) };
         }
-        // SAFETY: installs a handler that only makes async-signal-safe syscalls.
-        unsafe {
-            let mut sa: libc::sigaction = std::mem::zeroed();
-            sa.sa_sigaction = lift_limit as *const () as usize;
-            libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut());
-        }
+        // The handler only makes async-signal-safe syscalls.
+        crate::harness::on_signal(libc::SIGBUS, lift_limit as *const () as usize, false);
         // Stack pages a signal frame may need are made resident now. (Not mlockall: it would
         // populate the GMEM region too, since __mm_populate does not skip VM_MIXEDMAP.)
         prefault_stack();

@@ -2,7 +2,7 @@
 //! Processes: isolation, fork, exit with pages on the device, and driver unregistration
 //! (rmmod of the simulated device) with data resident on it.
 
-use crate::harness::{child_exit, child_signal, open, words, Test, TestResult};
+use crate::harness::{child_exit, child_signal, open, sh, words, Test, TestResult};
 use crate::{ensure, expect_errno, ok};
 use libgmem::sim::Sim;
 use libgmem::*;
@@ -82,10 +82,6 @@ fn exit_with_pages_on_device() -> TestResult {
     Ok(())
 }
 
-fn sh(cmd: &str) -> std::result::Result<(), String> {
-    let st = std::process::Command::new("/bin/sh").arg("-c").arg(cmd).status().map_err(|e| e.to_string())?;
-    if st.success() { Ok(()) } else { Err(format!("`{cmd}` failed: {st}")) }
-}
 
 /// Must run last of the tests that use the devices: it reloads the driver.
 fn driver_unregister_evacuates() -> TestResult {

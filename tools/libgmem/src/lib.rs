@@ -8,6 +8,7 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::AsRawFd;
 
+pub mod debugfs;
 pub mod sim;
 pub mod uapi;
 pub use uapi::*;
