@@ -29,9 +29,12 @@ BAD = [
     (re.compile(r"LAYOUT MISMATCH"), "bindgen layout mismatch"),
     (re.compile(r"^\[guest\] TIMEOUT"), "guest timeout"),
 ]
+GLUED_NOT_OK = re.compile(r"\[\s*\d+\.\d+\]\s+not ok \d+ (\S+)")
 CASE = re.compile(r"^(\s*)(ok|not ok) (\d+) (\S+)(.*)$")
 SUBTEST = re.compile(r"^\s*# Subtest: (\S+)")
-UTEST = re.compile(r"^GMEM-UTEST (ok|not ok) (\S+)(?: # (.*))?$")
+# Searched anywhere in a line: the serial console can glue a kernel message onto a guest
+# line ("GMEM-UTEST ok insmod_gmem_sim[    1.06] ok 1 ..."); a result must never be lost.
+UTEST = re.compile(r"GMEM-UTEST (ok|not ok) ([A-Za-z0-9_.-]+)(?: # (.*))?")
 CARGO = re.compile(r"^test result: \w+\. (\d+) passed; (\d+) failed")
 CARGO_FAIL = re.compile(r"^test (\S+) \.\.\. FAILED")
 
@@ -47,6 +50,10 @@ def judge_console(path, expect_suites, res):
     ended = False
     for raw in lines:
         line = TS.sub("", raw)
+        # A kernel KTAP failure glued after other console text (not at the line's start).
+        g = GLUED_NOT_OK.search(raw)
+        if g and g.start() > 0:
+            res["fail"].append((f"kunit/{g.group(1)}", "KUnit failure on an interleaved console line"))
         for pat, what in BAD:
             if pat.search(line):
                 res["fail"].append((what, line.strip()))
@@ -56,7 +63,7 @@ def judge_console(path, expect_suites, res):
             suite_stack.append((indent, m.group(1)))
             seen_suites.add(m.group(1))
             continue
-        m = UTEST.match(line.strip())
+        m = UTEST.search(line)
         if m:
             name = "guest/" + m.group(2)
             if m.group(1) == "ok":
@@ -65,6 +72,9 @@ def judge_console(path, expect_suites, res):
                 res["fail"].append((name, m.group(3) or ""))
             continue
         m = CASE.match(line)
+        if m and not suite_stack and m.group(2) == "not ok":
+            # A failure outside any suite header we saw (e.g. the header line was mangled).
+            res["fail"].append((f"kunit/{m.group(4)}", "KUnit failure outside a parsed suite"))
         if m and suite_stack:
             indent = len(m.group(1))
             sindent, suite = suite_stack[-1]
