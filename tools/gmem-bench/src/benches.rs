@@ -93,6 +93,7 @@ fn touch_pages(base: *const u32, npages: usize, expect: impl Fn(usize) -> u32) -
 /// `src` and `dst` must be distinct mappings of at least `n` bytes, `n` a multiple of 64.
 unsafe fn copy(style: u8, src: *const u8, dst: *mut u8, n: usize) {
     match style {
+        // SAFETY: distinct mappings of at least `n` bytes (the function's contract).
         0 | 3 | 4 => unsafe { std::ptr::copy_nonoverlapping(src, dst, n) },
         1 => {
             for off in (0..n).step_by(PAGE) {
