@@ -10,7 +10,12 @@
 //! Invariants kept by every transition (property-tested in `tests/page_state_model.rs`):
 //! - One authoritative location: `Loc::None` (the page reads zeros, nothing is
 //!   allocated), `Loc::Host` (the host page) or `Loc::Device(o)` (the frame of the single
-//!   owner `o`). Data is never lost except by `DontNeed`/`Free`, which ask for it.
+//!   owner `o`); or none at all in `Loc::Lost` (see below). Data is never lost except by
+//!   `DontNeed`/`Free`, which ask for it.
+//! - `Loc::Lost` holds nothing: no host page, no frame, no duplicate, no mapping, no flag.
+//!   Every access to it (CPU or device fault, prefetch, pin) is refused with
+//!   [`Refused::Lost`], so the glue never installs a mapping for it; `DontNeed`/`Free`
+//!   turn it back into `Loc::None` (reads zeros again), every other event leaves it alone.
 //! - On `Loc::Host` the page is clean (`!dirty`), `host_valid`, never pinned; only there
 //!   can devices map it remotely (`remote_mask`).
 //! - On `Loc::Device(o)` the CPU does not map the page and either `dirty && !host_valid`
@@ -35,11 +40,12 @@
 //! - A device is never both a duplicate holder and a remote mapper.
 //!
 //! Packing (the raw bits are private; `query_word` is the user-visible encoding): bits
-//! 30-31 are the location tag (0 none, 1 host, 2 device). Device layout: bits 0-15 dup
+//! 30-31 are the location tag (0 none, 1 host, 2 device, 3 lost). Device layout: bits 0-15 dup
 //! mask, 16-19 owner, 20 pinned, 21 dirty, 22 host_valid. Host layout: bits 0-25 hold one
 //! base-3 digit per device (0 nothing, 1 duplicate, 2 remote mapping; 3^16 < 2^26), which is
 //! how 16 devices' duplicate *and* remote masks fit in 32 bits, and bit 26 is cpu_mapped.
-//! `Loc::None` is all zeros.
+//! `Loc::None` is all zeros; `Loc::Lost` is tag 3 with every other bit zero (and any value
+//! with tag 3 decodes as the one lost state, whatever its other bits).
 #![allow(dead_code, unreachable_pub)]
 
 /// Maximum number of devices; device ids are `0..MAX_DEVICES`.
@@ -48,6 +54,7 @@ pub const MAX_DEVICES: usize = 16;
 const TAG_SHIFT: u32 = 30;
 const TAG_HOST: u32 = 1;
 const TAG_DEV: u32 = 2;
+const TAG_LOST: u32 = 3;
 // Host layout.
 const H_TRITS: u32 = (1 << 26) - 1;
 const H_CPU_MAPPED: u32 = 1 << 26;
@@ -64,6 +71,9 @@ pub const Q_LOC_NONE: u32 = 0;
 pub const Q_LOC_HOST: u32 = 1;
 /// Location field value: device (owner id in bits 8-15).
 pub const Q_LOC_DEVICE: u32 = 2;
+/// Location field value: lost (the data could not be saved when its device went away; no
+/// other bit is set).
+pub const Q_LOC_LOST: u32 = 3;
 /// `GMEM_Q_PINNED`.
 pub const Q_PINNED: u32 = 1 << 16;
 /// `GMEM_Q_DIRTY`.
@@ -88,6 +98,10 @@ pub enum Loc {
     Host,
     /// A frame of this owner device.
     Device(u8),
+    /// The data could not be saved when its device went away: nothing is allocated
+    /// anywhere and nothing maps the page; accesses are refused ([`Refused::Lost`]) until
+    /// `DontNeed`/`Free` discard it.
+    Lost,
 }
 
 /// Destination of a prefetch.
@@ -199,6 +213,8 @@ pub enum Refused {
     Pinned,
     /// The page is pinned on another device.
     PinnedElsewhere,
+    /// The page is lost ([`Loc::Lost`]): the CPU gets SIGBUS, a device -EIO.
+    Lost,
 }
 
 /// Unpacked view of a state; the transition logic works on this.
@@ -225,6 +241,8 @@ impl Fields {
     };
     /// The authoritative copy is the (clean) host page.
     const HOST: Fields = Fields { loc: Loc::Host, host_valid: true, ..Fields::NONE };
+    /// The data is gone; nothing else can be true of the page.
+    const LOST: Fields = Fields { loc: Loc::Lost, ..Fields::NONE };
 
     /// Packs into the layout described in the module documentation. Normalises: fields that
     /// cannot exist at a location are dropped.
@@ -260,6 +278,7 @@ impl Fields {
                 v |= if self.host_valid { D_HOST_VALID } else { 0 };
                 PageState(v)
             }
+            Loc::Lost => PageState(TAG_LOST << TAG_SHIFT),
         }
     }
 }
@@ -273,8 +292,8 @@ impl PageState {
     /// Never populated.
     pub const EMPTY: PageState = PageState(0);
 
-    /// Rebuilds a state from [`PageState::bits`]. Any value is accepted (an unknown location
-    /// tag reads as `Loc::None`); no accessor panics.
+    /// Rebuilds a state from [`PageState::bits`]. Any value is accepted (tag 0 reads as
+    /// `Loc::None` and tag 3 as `Loc::Lost` whatever the other bits); no accessor panics.
     pub const fn from_bits(b: u32) -> PageState {
         PageState(b)
     }
@@ -313,6 +332,8 @@ impl PageState {
                     remote: 0,
                 }
             }
+            // Nothing but the location survives a loss, so the other bits are ignored.
+            TAG_LOST => Fields::LOST,
             _ => Fields::NONE,
         }
     }
@@ -353,6 +374,8 @@ impl PageState {
             Loc::None => Q_LOC_NONE,
             Loc::Host => Q_LOC_HOST,
             Loc::Device(o) => Q_LOC_DEVICE | (u32::from(o) << 8),
+            // Every flag is false on a lost page (`unpack` normalises), so this is the word.
+            Loc::Lost => Q_LOC_LOST,
         };
         let flags = [
             (f.pinned, Q_PINNED),
@@ -475,7 +498,7 @@ fn add_dup(f: Fields, d: u8, copy: Copy, a: &mut Actions) -> Fields {
                 n.remote = 0;
             }
             Loc::Device(o) => a.unmap_dev |= bit(o),
-            Loc::None => {}
+            Loc::None | Loc::Lost => {}
         }
     }
     if n.remote & bit(d) != 0 {
@@ -488,7 +511,7 @@ fn add_dup(f: Fields, d: u8, copy: Copy, a: &mut Actions) -> Fields {
     n
 }
 
-/// Releases everything the page holds.
+/// Releases everything the page holds (nothing for `Loc::None` and `Loc::Lost`).
 fn release(f: Fields, a: &mut Actions) -> Fields {
     a.zap_cpu = f.cpu_mapped;
     a.unmap_dev = f.dup | f.remote;
@@ -518,6 +541,7 @@ fn cpu_fault(f: Fields, write: bool, a: &mut Actions) -> Result<Fields, Refused>
         }
         Loc::Device(_) if f.pinned => return Err(Refused::Pinned),
         Loc::Device(o) => dev_to_host(f, o, a),
+        Loc::Lost => return Err(Refused::Lost),
     };
     a.map_cpu = true;
     n.cpu_mapped = true;
@@ -537,6 +561,7 @@ fn dev_fault(
     // Arms that map the host page remotely or a duplicate return directly; the others give
     // the state in which `d` owns the page.
     let n = match f.loc {
+        Loc::Lost => return Err(Refused::Lost),
         Loc::None if accessed_by => {
             a.alloc_host = true;
             a.copy = Copy::ZeroHost;
@@ -590,8 +615,10 @@ fn dev_fault(
 
 /// Moves the data to `to` without mapping it anywhere (no `map_dev`, no `map_cpu`): the
 /// next access faults and only installs a mapping. A no-op if the data is already there.
+/// Refused on a lost page: there is no data to move, and a zero fill would hide the loss.
 fn prefetch(f: Fields, to: Target, a: &mut Actions) -> Result<Fields, Refused> {
     let n = match (f.loc, to) {
+        (Loc::Lost, _) => return Err(Refused::Lost),
         (Loc::None, Target::Host) => {
             a.alloc_host = true;
             a.copy = Copy::ZeroHost;
@@ -637,6 +664,7 @@ pub fn transition(s: PageState, e: Event) -> Result<(PageState, Actions), Refuse
             if f.pinned && f.loc != Loc::Device(dev) {
                 return Err(Refused::PinnedElsewhere);
             }
+            // `prefetch` refuses a lost page (never pinned, so it gets past the check above).
             Fields { pinned: true, ..prefetch(f, Target::Device(dev), &mut a)? }
         }
         Event::Unpin => Fields { pinned: false, ..f },
@@ -1036,8 +1064,68 @@ mod tests {
         for b in [u32::MAX, 0xc000_0000, 0x7fff_ffff, 0xbfff_ffff] {
             let s = PageState::from_bits(b);
             let w = s.query_word();
-            assert!(w & 0xff <= Q_LOC_DEVICE, "{b:#x}");
+            assert!(w & 0xff <= Q_LOC_LOST, "{b:#x}");
             assert_eq!(s.dup_mask() & s.remote_mask(), 0);
+        }
+    }
+
+    /// The one lost state, as `pack` writes it.
+    fn lost() -> PageState {
+        Fields::LOST.pack()
+    }
+
+    #[test]
+    fn lost_packs_as_tag_3_alone_and_any_tag_3_decodes_normalised() {
+        assert_eq!(lost().bits(), 3 << 30);
+        // Fields that cannot exist on a lost page are dropped when packing.
+        let f = Fields { dirty: true, pinned: true, dup: 0xffff, remote: 1, ..Fields::LOST };
+        assert_eq!(f.pack(), lost());
+        for b in [0xc000_0000, u32::MAX, 0xc07f_ffff, 0xc400_0001, 0xffff_0000] {
+            let s = PageState::from_bits(b);
+            assert_eq!(s.unpack(), Fields::LOST, "{b:#x}");
+            assert_eq!(s.query_word(), Q_LOC_LOST, "{b:#x}");
+            // Any transition re-packs it: tag 3, nothing else.
+            assert_eq!(go(s, Event::Unpin).0.bits(), 3 << 30, "{b:#x}");
+        }
+    }
+
+    #[test]
+    fn lost_page_refuses_every_access() {
+        let s = lost();
+        for e in [
+            Event::CpuFault { write: false },
+            Event::CpuFault { write: true },
+            dev_fault(0, false),
+            dev_fault(15, true),
+            read_mostly(3),
+            Event::DevFault { dev: 2, write: true, read_mostly: false, accessed_by: true },
+            Event::DevFault { dev: 2, write: false, read_mostly: true, accessed_by: true },
+            Event::Prefetch { to: Target::Host },
+            Event::Prefetch { to: Target::Device(4) },
+            Event::Pin { dev: 1 },
+        ] {
+            assert_eq!(transition(s, e), Err(Refused::Lost), "{e:?}");
+        }
+        // A bad device id is still reported as such.
+        assert_eq!(transition(s, dev_fault(16, false)), Err(Refused::BadDevice));
+        assert_eq!(transition(s, Event::Pin { dev: 16 }), Err(Refused::BadDevice));
+    }
+
+    #[test]
+    fn lost_page_ignores_housekeeping_until_discarded() {
+        let s = lost();
+        for e in [
+            Event::Unpin,
+            Event::Evict,
+            Event::EvictTo { dev: 1 },
+            Event::WriteBack,
+            Event::DeviceGone { dev: 0 },
+        ] {
+            assert_eq!(go(s, e), (s, Actions::default()), "{e:?}");
+        }
+        // Nothing to release: discarding only forgets the loss, and the page reads zeros.
+        for e in [Event::DontNeed, Event::Free] {
+            assert_eq!(go(s, e), (PageState::EMPTY, Actions::default()), "{e:?}");
         }
     }
 }

@@ -8,7 +8,10 @@
 //! faults first. So stale or lost data, writes through mappings that should have been
 //! revoked and a clean page whose host copy differs from its device copy are all caught.
 
-use gmem_policy::page_state::{transition, Actions, Copy, Event, Loc, PageState, Refused, Target};
+use gmem_policy::page_state::{
+    transition, Actions, Copy, Event, Loc, PageState, Refused, Target, Q_LOC_DEVICE, Q_LOC_HOST,
+    Q_LOC_LOST, Q_LOC_NONE,
+};
 use proptest::prelude::*;
 
 const NDEV: usize = 16;
@@ -348,6 +351,7 @@ impl Model {
                 }
                 prop_assert_eq!(s.dup_mask() & (1 << o), 0);
             }
+            Loc::Lost => return Err(TestCaseError::fail("page lost")),
         }
         prop_assert_eq!(s.cpu_mapped(), self.cpu.is_some());
         if let Some((id, _)) = self.cpu {
@@ -394,6 +398,7 @@ impl Model {
             Loc::None => (0, 0),
             Loc::Host => (1, 0),
             Loc::Device(o) => (2, u32::from(o)),
+            Loc::Lost => (3, 0),
         };
         prop_assert_eq!(w & 0xff, loc);
         prop_assert_eq!((w >> 8) & 0xff, owner);
@@ -505,12 +510,39 @@ proptest! {
     fn any_bits_decode_consistently(b in any::<u32>()) {
         let s = PageState::from_bits(b);
         let w = s.query_word();
-        prop_assert!(w & 0xff <= 2);
+        let loc = match s.loc() {
+            Loc::None => Q_LOC_NONE,
+            Loc::Host => Q_LOC_HOST,
+            Loc::Device(o) => Q_LOC_DEVICE | (u32::from(o) << 8),
+            Loc::Lost => Q_LOC_LOST,
+        };
+        prop_assert_eq!(w & 0xffff, loc);
+        // The tag alone decides the location.
+        prop_assert_eq!(b >> 30 == 3, s.loc() == Loc::Lost);
         prop_assert_eq!(s.dup_mask() & s.remote_mask(), 0);
         prop_assert!(!s.pinned() || matches!(s.loc(), Loc::Device(_)));
         // Free always succeeds and releases whatever the bits claim.
         let (e, a) = transition(s, Event::Free).map_err(|r| TestCaseError::fail(format!("{r:?}")))?;
         prop_assert_eq!(e, PageState::EMPTY);
         prop_assert_eq!(a.free_dup_frames, s.dup_mask());
+    }
+
+    /// Whatever else is set, tag 3 is the one lost state: no flag, no mask, no memory.
+    #[test]
+    fn tag_3_bits_decode_as_normalised_lost(low in 0u32..(1 << 30)) {
+        let s = PageState::from_bits((3 << 30) | low);
+        prop_assert_eq!(s.loc(), Loc::Lost);
+        prop_assert_eq!(
+            (s.pinned(), s.dirty(), s.host_valid(), s.cpu_mapped(), s.dup_mask(), s.remote_mask()),
+            (false, false, false, false, 0, 0)
+        );
+        prop_assert_eq!(s.query_word(), Q_LOC_LOST);
+        // Re-packed by a transition (a no-op here), only the tag remains.
+        let (t, a) = transition(s, Event::Unpin)
+            .map_err(|r| TestCaseError::fail(format!("{r:?}")))?;
+        prop_assert_eq!((t.bits(), a), (3 << 30, Actions::default()));
+        let (e, a) = transition(s, Event::Free)
+            .map_err(|r| TestCaseError::fail(format!("{r:?}")))?;
+        prop_assert_eq!((e, a), (PageState::EMPTY, Actions::default()));
     }
 }
