@@ -11,8 +11,11 @@
 //! - One authoritative location: `Loc::None` (the page reads zeros, nothing is
 //!   allocated), `Loc::Host` (the host page) or `Loc::Device(o)` (the frame of the single
 //!   owner `o`); or none at all in `Loc::Lost` (see below). Data is never lost except by
-//!   `DontNeed`/`Free`, which ask for it.
-//! - `Loc::Lost` holds nothing: no host page, no frame, no duplicate, no mapping, no flag.
+//!   `DontNeed`/`Free`, which ask for it, or by `Lose`, which the glue uses only when a
+//!   device goes away and the data of a page on it cannot be saved (no host page can be
+//!   allocated, or the device's copy fails).
+//! - `Loc::Lost` holds nothing: no host page, no frame, no duplicate, no mapping, no flag
+//!   (`Lose` releases all of it, like `Free`, but remembers that the data is gone).
 //!   Every access to it (CPU or device fault, prefetch, pin) is refused with
 //!   [`Refused::Lost`], so the glue never installs a mapping for it; `DontNeed`/`Free`
 //!   turn it back into `Loc::None` (reads zeros again), every other event leaves it alone.
@@ -141,6 +144,10 @@ pub enum Event {
     /// Eviction to a peer: move the page from its owner to a spare frame of `dev`, mapped by
     /// nobody (refused while pinned; a no-op if not on a device or already on `dev`).
     EvictTo { dev: u8 },
+    /// The data of a device page could not be saved when its device went away: release
+    /// everything the page holds (pin ignored) and make it `Loc::Lost`. A no-op anywhere but
+    /// on a device; never refused.
+    Lose,
 }
 
 /// Data movement or zero fill into the newly allocated place (step 3).
@@ -643,6 +650,19 @@ fn prefetch(f: Fields, to: Target, a: &mut Actions) -> Result<Fields, Refused> {
     Ok(n)
 }
 
+/// `Device(o)` -> `Lost`: release what `Free` would (owner frame, duplicates, the host page
+/// of a clean page, every device mapping; the CPU maps nothing on a device), pin or not.
+/// Nothing else has data to lose.
+fn lose(f: Fields, a: &mut Actions) -> Fields {
+    match f.loc {
+        Loc::Device(_) => {
+            release(f, a);
+            Fields::LOST
+        }
+        _ => f,
+    }
+}
+
 /// Computes the next state of a page and the actions that get it there.
 pub fn transition(s: PageState, e: Event) -> Result<(PageState, Actions), Refused> {
     let f = s.unpack();
@@ -702,6 +722,7 @@ pub fn transition(s: PageState, e: Event) -> Result<(PageState, Actions), Refuse
                 _ => f,
             }
         }
+        Event::Lose => lose(f, &mut a),
     };
     Ok((n.pack(), a))
 }
@@ -1090,6 +1111,59 @@ mod tests {
     }
 
     #[test]
+    fn losing_a_pinned_dirty_page_with_duplicates_releases_everything() {
+        let (s, _) = go(PageState::EMPTY, dev_fault(2, true));
+        let (s, _) = go(s, read_mostly(0));
+        let (s, _) = go(s, read_mostly(5));
+        let (s, _) = go(s, Event::Pin { dev: 2 });
+        assert_eq!(
+            (s.loc(), s.pinned(), s.dirty(), s.host_valid(), s.dup_mask()),
+            (Loc::Device(2), true, true, false, (1 << 0) | (1 << 5))
+        );
+        let (l, a) = go(s, Event::Lose);
+        assert_eq!(l, lost());
+        assert_eq!(l.query_word(), Q_LOC_LOST);
+        assert_eq!(
+            a,
+            Actions {
+                unmap_dev: (1 << 2) | (1 << 0) | (1 << 5),
+                free_frame: Some(2),
+                free_dup_frames: (1 << 0) | (1 << 5),
+                ..Actions::default()
+            }
+        );
+    }
+
+    #[test]
+    fn losing_a_clean_page_frees_its_host_page_too() {
+        let (c, _) = go(host_page(), dev_fault(1, false));
+        assert!(c.host_valid() && !c.dirty());
+        let (l, a) = go(c, Event::Lose);
+        assert_eq!(l, lost());
+        assert_eq!(
+            a,
+            Actions {
+                unmap_dev: 1 << 1,
+                free_frame: Some(1),
+                free_host: true,
+                ..Actions::default()
+            }
+        );
+    }
+
+    #[test]
+    fn lose_is_a_no_op_off_devices() {
+        // A host page with a duplicate on 1 and a remote mapping on 2 keeps all of it.
+        let (h, _) = go(host_page(), read_mostly(1));
+        let e = Event::DevFault { dev: 2, write: false, read_mostly: false, accessed_by: true };
+        let (h, _) = go(h, e);
+        assert_eq!((h.dup_mask(), h.remote_mask()), (1 << 1, 1 << 2));
+        for s in [PageState::EMPTY, host_page(), h, lost()] {
+            assert_eq!(go(s, Event::Lose), (s, Actions::default()), "{s:?}");
+        }
+    }
+
+    #[test]
     fn lost_page_refuses_every_access() {
         let s = lost();
         for e in [
@@ -1120,6 +1194,7 @@ mod tests {
             Event::EvictTo { dev: 1 },
             Event::WriteBack,
             Event::DeviceGone { dev: 0 },
+            Event::Lose,
         ] {
             assert_eq!(go(s, e), (s, Actions::default()), "{e:?}");
         }
