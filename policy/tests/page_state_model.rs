@@ -7,6 +7,9 @@
 //! it goes straight to memory without a transition (as on real hardware); otherwise it
 //! faults first. So stale or lost data, writes through mappings that should have been
 //! revoked and a clean page whose host copy differs from its device copy are all caught.
+//! The one sanctioned loss, `Event::Lose` on a device page, is recorded by the model: the
+//! page must then hold no memory and no mapping and refuse every access until `DontNeed` or
+//! `Free`, after which it reads zeros.
 
 use gmem_policy::page_state::{
     transition, Actions, Copy, Event, Loc, PageState, Refused, Target, Q_LOC_DEVICE, Q_LOC_HOST,
@@ -53,6 +56,8 @@ struct Model {
     dmap: [Option<(Via, bool)>; NDEV],
     /// The page's current contents (0 when never written or discarded).
     expected: u64,
+    /// `Lose` destroyed the data and nothing has discarded the page since.
+    lost: bool,
     next: u64,
     ids: u64,
     frames_alloc: u64,
@@ -78,6 +83,7 @@ impl Model {
             cpu: None,
             dmap: [None; NDEV],
             expected: 0,
+            lost: false,
             next: 1,
             ids: 0,
             frames_alloc: 0,
@@ -95,7 +101,9 @@ impl Model {
             Step::Ev(e) => self.apply(e).map(|_| ()),
             Step::Cpu { write } => {
                 if !matches!(self.cpu, Some((_, w)) if w || !write) {
-                    self.apply(Event::CpuFault { write })?;
+                    let done = self.apply(Event::CpuFault { write })?;
+                    // (`check_refusal` has checked that the refusal says why.)
+                    prop_assert!(!self.lost || done.is_none(), "CPU access to a lost page");
                     return Ok(());
                 }
                 self.access_cpu(write)?;
@@ -105,7 +113,8 @@ impl Model {
                 let mapped = self.dmap.get(usize::from(dev)).copied().flatten();
                 if !matches!(mapped, Some((_, w)) if w || !write) {
                     let e = Event::DevFault { dev, write, read_mostly, accessed_by };
-                    self.apply(e)?;
+                    let done = self.apply(e)?;
+                    prop_assert!(!self.lost || done.is_none(), "device access to a lost page");
                     return Ok(());
                 }
                 self.access_dev(usize::from(dev), write)?;
@@ -121,6 +130,28 @@ impl Model {
             Ok(r) => r,
             Err(r) => return self.check_refusal(e, r).map(|_| None),
         };
+        let was_lost = self.lost;
+        if e == Event::Lose {
+            if matches!(pre.loc(), Loc::Device(_)) {
+                // Only releases: nothing is saved, nothing new is mapped.
+                prop_assert_eq!(
+                    (a.alloc_host, a.alloc_frame, a.copy, a.map_dev, a.map_cpu),
+                    (false, None, Copy::None, None, false),
+                    "Lose of {:?}",
+                    pre
+                );
+                self.lost = true;
+            } else {
+                prop_assert_eq!((st, a), (pre, Actions::default()), "Lose off a device");
+            }
+        }
+        if was_lost {
+            // Whatever succeeds on a lost page releases nothing (it holds nothing); only
+            // DontNeed/Free change it, into an empty page.
+            let discard = matches!(e, Event::DontNeed | Event::Free);
+            prop_assert_eq!(a, Actions::default(), "{:?} on a lost page", e);
+            prop_assert_eq!(st, if discard { PageState::EMPTY } else { pre });
+        }
         // 1. 2.
         if a.alloc_host && self.host.is_none() {
             self.host = Some(self.fresh());
@@ -236,11 +267,16 @@ impl Model {
         match e {
             Event::CpuFault { write } => self.access_cpu(write)?,
             Event::DevFault { dev, write, .. } => self.access_dev(usize::from(dev), write)?,
-            Event::DontNeed | Event::Free => self.expected = 0,
+            Event::DontNeed | Event::Free => {
+                self.expected = 0;
+                self.lost = false;
+            }
             _ => {}
         }
         if let Loc::Device(o) = pre.loc() {
-            if pre.pinned() && !matches!(e, Event::Unpin | Event::DeviceGone { .. } | Event::Free) {
+            let unpins =
+                matches!(e, Event::Unpin | Event::DeviceGone { .. } | Event::Free | Event::Lose);
+            if pre.pinned() && !unpins {
                 prop_assert_eq!((st.loc(), st.pinned()), (Loc::Device(o), true));
             }
         }
@@ -259,11 +295,25 @@ impl Model {
         };
         prop_assert_eq!(r == Refused::BadDevice, bad_dev, "{:?} -> {:?}", e, r);
         if r != Refused::BadDevice {
-            prop_assert!(self.st.pinned(), "refused {:?} on an unpinned page", e);
+            // A lost page refuses accesses (and nothing else), and only a lost page says so.
+            let lost = self.st.loc() == Loc::Lost;
+            prop_assert_eq!(r == Refused::Lost, lost, "{:?} -> {:?} on {:?}", e, r, self.st);
+            if lost {
+                let access = matches!(
+                    e,
+                    Event::CpuFault { .. }
+                        | Event::DevFault { .. }
+                        | Event::Prefetch { .. }
+                        | Event::Pin { .. }
+                );
+                prop_assert!(access, "{:?} refused on a lost page", e);
+            } else {
+                prop_assert!(self.st.pinned(), "refused {:?} on an unpinned page", e);
+            }
         }
         prop_assert!(
-            !matches!(e, Event::Free | Event::Unpin | Event::WriteBack),
-            "Free/Unpin/WriteBack refused"
+            !matches!(e, Event::Free | Event::Unpin | Event::WriteBack | Event::Lose),
+            "Free/Unpin/WriteBack/Lose refused"
         );
         Ok(())
     }
@@ -328,6 +378,7 @@ impl Model {
         let s = self.st;
         let owners: Vec<usize> = (0..NDEV).filter(|&d| self.owner[d].is_some()).collect();
         let host_val = self.host.map(|h| h.1);
+        prop_assert_eq!(s.loc() == Loc::Lost, self.lost, "lost state vs Lose: {:?}", s);
         match s.loc() {
             Loc::None => {
                 prop_assert!(self.host.is_none() && owners.is_empty() && self.cpu.is_none());
@@ -351,7 +402,13 @@ impl Model {
                 }
                 prop_assert_eq!(s.dup_mask() & (1 << o), 0);
             }
-            Loc::Lost => return Err(TestCaseError::fail("page lost")),
+            Loc::Lost => {
+                prop_assert!(self.host.is_none() && owners.is_empty(), "lost page holds memory");
+                prop_assert!(self.cpu.is_none(), "lost page mapped by the CPU");
+                prop_assert!(self.dmap.iter().all(Option::is_none), "lost page mapped");
+                prop_assert!(!s.pinned() && !s.dirty() && !s.host_valid() && !s.cpu_mapped());
+                prop_assert_eq!(s.dup_mask() | s.remote_mask(), 0);
+            }
         }
         prop_assert_eq!(s.cpu_mapped(), self.cpu.is_some());
         if let Some((id, _)) = self.cpu {
@@ -438,6 +495,7 @@ fn event() -> impl Strategy<Value = Event> {
         1 => dev().prop_map(|dev| Event::DeviceGone { dev }),
         2 => Just(Event::WriteBack),
         2 => dev().prop_map(|dev| Event::EvictTo { dev }),
+        1 => Just(Event::Lose),
     ]
 }
 
@@ -504,6 +562,79 @@ proptest! {
         let a = m.apply(Event::Evict)?.ok_or_else(|| TestCaseError::fail("refused"))?;
         prop_assert_eq!(a.copy, Copy::None);
         prop_assert_eq!(m.host.map(|h| h.1), Some(v));
+    }
+
+    /// Any page state, moved onto `dev` (maybe written, duplicated, pinned) and lost there:
+    /// every access is refused until DontNeed/Free, after which the page reads zeros and no
+    /// frame has leaked.
+    #[test]
+    fn lost_page_refuses_access_until_discarded(
+        prefix in prop::collection::vec(step(), 0..40),
+        dev in 0u8..4,
+        write in any::<bool>(),
+        dups in prop::collection::vec(0u8..4, 0..3),
+        pin in any::<bool>(),
+        while_lost in prop::collection::vec(
+            step().prop_filter("keeps the page lost", |s| {
+                !matches!(s, Step::Ev(Event::DontNeed | Event::Free))
+            }),
+            0..20,
+        ),
+        free in any::<bool>(),
+        reader in prop::option::of(0u8..4),
+    ) {
+        let mut m = Model::new();
+        for s in prefix {
+            m.step(s)?;
+        }
+        if m.lost {
+            m.apply(Event::DontNeed)?;
+        }
+        m.apply(Event::Unpin)?;
+        m.apply(Event::Prefetch { to: Target::Device(dev) })?;
+        m.apply(Event::DevFault { dev, write, read_mostly: false, accessed_by: false })?;
+        for d in dups.into_iter().filter(|&d| d != dev) {
+            let e = Event::DevFault { dev: d, write: false, read_mostly: true, accessed_by: false };
+            m.apply(e)?;
+        }
+        if pin {
+            m.apply(Event::Pin { dev })?;
+        }
+        prop_assert_eq!(m.st.loc(), Loc::Device(dev));
+        let a = m.apply(Event::Lose)?.ok_or_else(|| TestCaseError::fail("Lose refused"))?;
+        prop_assert_eq!(a.free_frame, Some(dev));
+        prop_assert!(m.lost && m.st.loc() == Loc::Lost);
+        for s in while_lost {
+            m.step(s)?;
+            prop_assert_eq!(m.st.loc(), Loc::Lost);
+        }
+        for d in 0..NDEV as u8 {
+            for (write, read_mostly, accessed_by) in [(false, false, false), (true, true, true)] {
+                let e = Event::DevFault { dev: d, write, read_mostly, accessed_by };
+                prop_assert_eq!(transition(m.st, e), Err(Refused::Lost));
+            }
+        }
+        for write in [false, true] {
+            prop_assert_eq!(transition(m.st, Event::CpuFault { write }), Err(Refused::Lost));
+        }
+        m.apply(if free { Event::Free } else { Event::DontNeed })?;
+        prop_assert_eq!((m.st, m.lost), (PageState::EMPTY, false));
+        // The next access zero-fills: the lost data does not come back.
+        match reader {
+            None => m.step(Step::Cpu { write: false })?,
+            Some(d) => {
+                m.step(Step::Dev { dev: d, write: false, read_mostly: false, accessed_by: false })?
+            }
+        }
+        let read = match m.st.loc() {
+            Loc::Host => m.host.map(|h| h.1),
+            Loc::Device(o) => m.owner[usize::from(o)].map(|f| f.1),
+            other => return Err(TestCaseError::fail(format!("read left the page {other:?}"))),
+        };
+        prop_assert_eq!(read, Some(0));
+        m.apply(Event::Free)?;
+        prop_assert_eq!(m.frames_alloc, m.frames_freed, "frame leak");
+        prop_assert!(m.host.is_none() && m.cpu.is_none());
     }
 
     #[test]
