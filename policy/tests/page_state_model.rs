@@ -594,7 +594,8 @@ proptest! {
         m.apply(Event::Prefetch { to: Target::Device(dev) })?;
         m.apply(Event::DevFault { dev, write, read_mostly: false, accessed_by: false })?;
         for d in dups.into_iter().filter(|&d| d != dev) {
-            m.apply(Event::DevFault { dev: d, write: false, read_mostly: true, accessed_by: false })?;
+            let e = Event::DevFault { dev: d, write: false, read_mostly: true, accessed_by: false };
+            m.apply(e)?;
         }
         if pin {
             m.apply(Event::Pin { dev })?;
