@@ -13,6 +13,7 @@ use crate::policy::range::{self, PageRange, RangeError};
 use crate::region::{adv, Region};
 use crate::registry;
 use crate::space::Space;
+use core::sync::atomic::{AtomicBool, Ordering};
 use kernel::{
     new_mutex,
     prelude::*,
@@ -86,6 +87,11 @@ fn locate(space: &Space, a: &Advice) -> Result<(Arc<Region>, PageRange)> {
 
 /// Applies advice `a` in `space` (the caller checked `validate`).
 pub(crate) fn advise(space: &Space, a: &Advice) -> Result {
+    advise_until(space, a, &|| false)
+}
+
+/// [`advise`], stopping early with `EINTR` once `cancelled()` returns true.
+fn advise_until(space: &Space, a: &Advice, cancelled: &dyn Fn() -> bool) -> Result {
     let (region, r) = locate(space, a)?;
     let (first, count) = (r.first as usize, r.count as usize);
     if count == 0 {
@@ -111,14 +117,22 @@ pub(crate) fn advise(space: &Space, a: &Advice) -> Result {
         UNSET_ACCESSED_BY => hint(false, 1 << device_id(a.dev)?),
         READ_MOSTLY => hint(true, adv::READ_MOSTLY),
         UNSET_READ_MOSTLY => hint(false, adv::READ_MOSTLY),
-        PREFETCH | PIN | UNPIN | DONTNEED => move_pages(space, &region, first, count, a),
+        PREFETCH | PIN | UNPIN | DONTNEED => move_pages(space, &region, first, count, a, cancelled),
         _ => Err(EINVAL),
     }
 }
 
 /// The advice that move or discard data, with the mmap lock held for CPU zaps. A full
 /// device is made room on (eviction) and the page retried.
-fn move_pages(space: &Space, region: &Arc<Region>, first: usize, count: usize, a: &Advice) -> Result {
+///
+/// The range is worked through in chunks of `sched::CHUNK` pages. Between chunks the mmap
+/// lock and the reference on the address space's users are dropped, the task may be
+/// rescheduled, and the work stops (`EINTR`) on a fatal signal or when `cancelled()` says so
+/// (an asynchronous prefetch whose file is being closed). Not holding the mm's users
+/// across chunks is what lets an exiting process's `exit_mmap` run (and tear the region
+/// down) while a queued prefetch of it is still running: the prefetch then fails with
+/// `EFAULT`/`ENOENT` at its next chunk instead of migrating pages for a dead process.
+fn move_pages(space: &Space, region: &Arc<Region>, first: usize, count: usize, a: &Advice, cancelled: &dyn Fn() -> bool) -> Result {
     let (event, target) = match a.advice {
         PREFETCH if a.dev == HOST => (Event::Prefetch { to: Target::Host }, None),
         PREFETCH => {
@@ -132,49 +146,96 @@ fn move_pages(space: &Space, region: &Arc<Region>, first: usize, count: usize, a
         UNPIN => (Event::Unpin, None),
         _ => (Event::DontNeed, None),
     };
-    let mm = space.mm_user().ok_or(EFAULT)?;
-    let mmap = mm.mmap_read_lock();
-    let vma = mmap.vma_lookup(region.start).filter(|v| v.start() == region.start);
+    let end = first.checked_add(count).ok_or(EINVAL)?;
     let dev = target.and_then(|d| registry::get(d as usize));
+    // Pages this PIN charged to the process's pin quota up front (`pin_quota.rs`).
+    let mut charged = 0u64;
     if let (Event::Pin { .. }, Some(dev)) = (event, &dev) {
         // A pin must fit beside the other pins: refuse it up front rather than half way.
         // Every page of the range that is not pinned yet becomes a pinned frame of `d`.
-        let p = region.pages.lock();
-        let newly = (first..first + count).filter(|&i| !p.state(i).pinned()).count() as u64;
+        let newly = {
+            let p = region.pages.lock();
+            let mut newly = 0u64;
+            for i in first..end {
+                if (i - first) % crate::sched::CHUNK == 0 {
+                    crate::sched::cond_resched();
+                }
+                newly += u64::from(!p.state(i).pinned());
+            }
+            newly
+        };
         if newly + dev.frames_pinned() > dev.nr_frames {
             return Err(ENOSPC);
         }
+        crate::pin_quota::charge(space.mm(), newly)?;
+        charged = newly;
     }
+    let mut pinned = 0u64;
+    let r = move_range(space, region, first, end, event, &dev, cancelled, &mut pinned);
+    // What the PIN charged but did not pin (an error part way, or pages pinned by someone
+    // else meanwhile) goes back; each page it did pin stays charged until its pin ends.
+    crate::pin_quota::uncharge(space.mm(), charged.saturating_sub(pinned));
+    r
+}
+
+/// The page loop of [`move_pages`]; counts the pages it pinned in `pinned`.
+#[allow(clippy::too_many_arguments)]
+fn move_range(
+    space: &Space,
+    region: &Arc<Region>,
+    first: usize,
+    end: usize,
+    event: Event,
+    dev: &Option<Arc<crate::device::Device>>,
+    cancelled: &dyn Fn() -> bool,
+    pinned: &mut u64,
+) -> Result {
     let mut i = first;
-    let mut retries = 0;
-    while i < first + count {
-        let mut p = region.pages.lock();
-        if p.dead {
-            return Err(ENOENT);
+    while i < end {
+        if crate::sched::fatal_signal_pending() || cancelled() {
+            return Err(EINTR);
         }
-        let s = p.state(i);
-        let (next, acts) = transition(s, event).map_err(|_| EBUSY)?;
-        if next == s && acts == Default::default() {
-            i += 1;
-            continue;
-        }
-        match migrate::apply(&Env::access(region, vma), &mut p, i, next, &acts) {
-            Err(e) if e == ENOSPC => {
-                drop(p);
-                retries += 1;
-                if retries > 64 {
-                    return Err(ENOMEM);
-                }
-                crate::evict::make_room_for(&acts, 64, crate::evict::Why::Advice)?;
+        let mm = space.mm_user().ok_or(EFAULT)?;
+        let mmap = mm.mmap_read_lock();
+        let vma = mmap.vma_lookup(region.start).filter(|v| v.start() == region.start);
+        let chunk_end = core::cmp::min(end, i + crate::sched::CHUNK);
+        // Eviction attempts for the current page; the budget is per page (refilled after
+        // every page that makes progress), so a long range does not run out of it.
+        let mut retries = 0;
+        while i < chunk_end {
+            let mut p = region.pages.lock();
+            if p.dead {
+                return Err(ENOENT);
             }
-            Err(e) => return Err(e),
-            Ok(()) => {
-                if let (Event::Prefetch { .. }, Some(dev)) = (event, &dev) {
-                    crate::device::DevStats::add(&dev.stats.prefetched, 1);
-                }
+            let s = p.state(i);
+            let (next, acts) = transition(s, event).map_err(migrate::refusal_errno)?;
+            if next == s && acts == Default::default() {
                 i += 1;
+                continue;
+            }
+            match migrate::apply(&Env::access(region, vma), &mut p, i, next, &acts) {
+                Err(e) if e == ENOSPC => {
+                    drop(p);
+                    retries += 1;
+                    if retries > 64 {
+                        return Err(ENOMEM);
+                    }
+                    crate::evict::make_room_for(&acts, 64, crate::evict::Why::Advice)?;
+                }
+                Err(e) => return Err(e),
+                Ok(()) => {
+                    if let (Event::Prefetch { .. }, Some(dev)) = (event, dev) {
+                        crate::device::DevStats::add(&dev.stats.prefetched, 1);
+                    }
+                    *pinned += u64::from(!s.pinned() && next.pinned());
+                    retries = 0;
+                    i += 1;
+                }
             }
         }
+        drop(mmap);
+        drop(mm);
+        crate::sched::cond_resched();
     }
     Ok(())
 }
@@ -185,6 +246,9 @@ pub(crate) struct Fence {
     pub(crate) id: u64,
     space: Arc<Space>,
     advice: Advice,
+    /// Set when the file that queued the fence is closed: the prefetch stops at its next
+    /// chunk (nobody can wait for it any more).
+    cancelled: AtomicBool,
     #[pin]
     result: Mutex<Option<i32>>,
     #[pin]
@@ -201,7 +265,9 @@ impl WorkItem for Fence {
     type Pointer = Arc<Fence>;
 
     fn run(this: Arc<Fence>) {
-        let r = match advise(&this.space, &this.advice) {
+        // One fence of a space at a time (see `Space::fence_lock`).
+        let _one = this.space.fence_lock.lock();
+        let r = match advise_until(&this.space, &this.advice, &|| this.cancelled.load(Ordering::Acquire)) {
             Ok(()) => 0,
             Err(e) => e.to_errno(),
         };
@@ -218,6 +284,7 @@ impl Fence {
                 id,
                 space,
                 advice,
+                cancelled: AtomicBool::new(false),
                 result <- new_mutex!(None, "gmem_fence_result"),
                 done <- Completion::new(),
                 work <- new_work!("gmem_fence_work"),
@@ -228,6 +295,11 @@ impl Fence {
         let q = crate::wq::get().ok_or(ENODEV)?;
         let _ = q.enqueue(f.clone());
         Ok(f)
+    }
+
+    /// Asks a queued or running prefetch to stop at its next chunk.
+    pub(crate) fn cancel(&self) {
+        self.cancelled.store(true, Ordering::Release);
     }
 
     /// Waits for completion; returns the prefetch's result.

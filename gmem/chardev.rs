@@ -138,8 +138,12 @@ pub(crate) struct GmemFile {
 #[pinned_drop]
 impl PinnedDrop for GmemFile {
     fn drop(self: Pin<&mut Self>) {
-        // Nothing may outlive the file: wait for every outstanding asynchronous prefetch.
+        // Nothing may outlive the file: stop every outstanding asynchronous prefetch (nobody
+        // can wait for it any more) and wait until each has returned.
         let list = core::mem::take(&mut self.fences.lock().list);
+        for f in list.iter() {
+            f.cancel();
+        }
         for f in list.iter() {
             let _ = f.wait();
         }

@@ -98,13 +98,14 @@ fn show_device(d: &Device, f: &mut fmt::Formatter<'_>) -> fmt::Result {
     )?;
     writeln!(
         f,
-        "  evicted: to_host={} to_peer={} clean_dropped={} pre_evicted={} writebacks={} evacuated={}",
+        "  evicted: to_host={} to_peer={} clean_dropped={} pre_evicted={} writebacks={} evacuated={} lost={}",
         g(&s.evicted_to_host),
         g(&s.evicted_to_peer),
         g(&s.evicted_clean),
         g(&s.pre_evicted),
         g(&s.writebacks),
-        g(&s.evacuated)
+        g(&s.evacuated),
+        g(&s.lost)
     )?;
     writeln!(
         f,
@@ -130,6 +131,7 @@ struct Census {
     pages: usize,
     none: usize,
     host: usize,
+    lost: usize,
     device: [usize; MAX_DEVICES],
     pinned: usize,
     duplicated: usize,
@@ -147,10 +149,14 @@ fn show_spaces(_: &(), f: &mut fmt::Formatter<'_>) -> fmt::Result {
             c.metadata += r.metadata_bytes();
             let p = r.pages.lock();
             for i in 0..r.npages {
+                if i % crate::sched::CHUNK == 0 {
+                    crate::sched::cond_resched();
+                }
                 let st = p.state(i);
                 match st.loc() {
                     Loc::None => c.none += 1,
                     Loc::Host => c.host += 1,
+                    Loc::Lost => c.lost += 1,
                     Loc::Device(d) => c.device[d as usize % MAX_DEVICES] += 1,
                 }
                 c.pinned += st.pinned() as usize;
@@ -160,14 +166,16 @@ fn show_spaces(_: &(), f: &mut fmt::Formatter<'_>) -> fmt::Result {
         }
         write!(
             f,
-            "space{} regions={} pages={} cpu_faults={} dev_faults={} none={} host={}",
+            "space{} pid={} regions={} pages={} cpu_faults={} dev_faults={} none={} host={} lost={}",
             s.id,
+            s.pid,
             c.regions,
             c.pages,
             s.stats.cpu_faults.load(Relaxed),
             s.stats.dev_faults.load(Relaxed),
             c.none,
-            c.host
+            c.host,
+            c.lost
         )?;
         for (d, n) in c.device.iter().enumerate().filter(|(_, n)| **n != 0) {
             write!(f, " dev{}={}", d, n)?;

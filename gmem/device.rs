@@ -1,9 +1,21 @@
 // SPDX-License-Identifier: GPL-2.0
 //! A registered accelerator: its callbacks (behind the `DeviceOps` trait), its memory pool
-//! of frames (allocated centrally here, never by the driver) and its counters.
+//! of frames (allocated centrally here, never by the driver), its contexts and its counters.
 //!
-//! Lock order: `Device::frames` is a leaf (taken under a region's page lock; nothing is
-//! called under it). Driver callbacks are never called under a spinlock.
+//! Lifetime of the driver behind a device: every callback is made inside a *callback
+//! section* ([`Device::ops`]), an SRCU read-side section of the device that is refused once
+//! the device is `gone`. Unregistration sets `gone` and waits for every section
+//! ([`Device::quiesce`]); only then does it destroy the contexts, and only then does
+//! `gmem_dev_unregister` return. So no callback runs after unregistration returned and none
+//! runs on a context after its `ctx_destroy` (contexts are destroyed either inside a section
+//! by the space that owns them, after removing them from the device's list, or by `quiesce`
+//! after the last section ended). The `Device` object itself is refcounted (`Arc`) and may
+//! outlive the driver: spaces and reverse maps hold it; nothing reaches the driver through it
+//! after `gone`.
+//!
+//! Lock order: `Device::frames` and `Device::ctxs` are leaves (taken under a region's page
+//! lock or `Space::ctxs`; nothing is called under them). Driver callbacks are never called
+//! under a spinlock.
 
 use crate::abi::{GmemCopy, GmemDevOps, GmemDevProps, GmemPte, GMEM_DRIVER_ABI_VERSION};
 use crate::policy::evict::{self as order, Clock, F_CLEAN, F_LENT, F_PINNED, F_REF, F_USED};
@@ -14,9 +26,9 @@ use kernel::{
     bindings,
     error::{to_result, VTABLE_DEFAULT_ERROR},
     ffi::c_void,
-    new_mutex,
+    new_mutex, new_srcu,
     prelude::*,
-    sync::{Arc, Mutex},
+    sync::{srcu, Arc, Mutex, Srcu},
     workqueue::{impl_has_work, new_work, Work, WorkItem},
 };
 
@@ -189,6 +201,8 @@ pub(crate) struct DevStats {
     pub(crate) pages_zeroed: AtomicU64,
     pub(crate) prefetched: AtomicU64,
     pub(crate) evacuated: AtomicU64,
+    /// Pages whose data could not be saved when the device went away (now `Lost`).
+    pub(crate) lost: AtomicU64,
     pub(crate) remote_maps: AtomicU64,
     /// Victims sent to host memory / parked on a peer device / dropped (clean or duplicate).
     pub(crate) evicted_to_host: AtomicU64,
@@ -231,13 +245,41 @@ struct FramePool {
     hand: u64,
 }
 
+/// A callback section of one device: the driver may be called through it.
+///
+/// # Invariants
+/// Created inside the SRCU read section `_section` of `dev`, after `dev.gone` was seen
+/// false in it. `Device::quiesce` sets `gone` before it waits for every section, so the
+/// driver's vtable, its `drv` and every context in `dev.ctxs` stay valid while this lives.
+pub(crate) struct Ops<'a> {
+    drv: &'a CDriver,
+    _section: srcu::Guard<'a>,
+}
+
+impl core::ops::Deref for Ops<'_> {
+    type Target = CDriver;
+
+    fn deref(&self) -> &CDriver {
+        self.drv
+    }
+}
+
 /// A registered device.
 #[pin_data]
 pub(crate) struct Device {
     pub(crate) id: usize,
     pub(crate) nr_frames: u64,
-    pub(crate) drv: CDriver,
+    drv: CDriver,
+    /// False once unregistering started: nothing new is placed on the device.
     alive: AtomicBool,
+    /// True once unregistration quiesced the driver: no callback may be made any more.
+    gone: AtomicBool,
+    /// Callback sections (see the module documentation).
+    #[pin]
+    callbacks: Srcu,
+    /// Every live context of this device, by the id of the space that owns it.
+    #[pin]
+    ctxs: Mutex<KVec<(u64, Ctx)>>,
     #[pin]
     frames: Mutex<FramePool>,
     /// One evictor at a time per device (taken with no region lock held).
@@ -286,6 +328,9 @@ impl Device {
                 nr_frames,
                 drv,
                 alive: AtomicBool::new(true),
+                gone: AtomicBool::new(false),
+                callbacks <- new_srcu!("gmem_device_callbacks"),
+                ctxs <- new_mutex!(KVec::new(), "gmem_device_ctxs"),
                 frames <- new_mutex!(
                     FramePool { bits, cursor: 0, used: 0, flags, owner, hand: 0 },
                     "gmem_device_frames"
@@ -307,6 +352,74 @@ impl Device {
 
     pub(crate) fn kill(&self) {
         self.alive.store(false, Ordering::Release);
+    }
+
+    /// Enters a callback section; `None` once the device is gone (the caller then skips the
+    /// callback: the driver's state it would act on no longer exists).
+    pub(crate) fn ops(&self) -> Option<Ops<'_>> {
+        let section = self.callbacks.read_lock();
+        if self.gone.load(Ordering::Acquire) {
+            return None;
+        }
+        // INVARIANT: inside `section`, `gone` was false.
+        Some(Ops { drv: &self.drv, _section: section })
+    }
+
+    /// Whether two devices are served by the same driver (peer copies need that).
+    pub(crate) fn same_driver(&self, other: &Device) -> bool {
+        self.drv.same_driver(&other.drv)
+    }
+
+    /// Creates the context of the space `space_id` and records it. Refused (`ENODEV`) once
+    /// unregistration started.
+    pub(crate) fn create_ctx(&self, space_id: u64) -> Result<Ctx> {
+        let ops = self.ops().ok_or(ENODEV)?;
+        // Checked inside the section: `quiesce` (after `kill`) waits for this section, and
+        // finds the context in `ctxs` afterwards.
+        if !self.alive() {
+            return Err(ENODEV);
+        }
+        self.ctxs.lock().reserve(1, GFP_KERNEL)?;
+        let c = ops.ctx_create()?;
+        let mut list = self.ctxs.lock();
+        if list.push((space_id, c), GFP_NOWAIT).is_err() {
+            // Only if another creation took the reserved slot meanwhile (cannot happen: one
+            // creation per space, serialised by `Space::ctxs`); never leak the context.
+            drop(list);
+            ops.ctx_destroy(c);
+            return Err(ENOMEM);
+        }
+        Ok(c)
+    }
+
+    /// Destroys the context of the space `space_id` (the space is being freed). If
+    /// unregistration got there first, it destroyed the context already.
+    pub(crate) fn release_ctx(&self, space_id: u64) {
+        let Some(ops) = self.ops() else { return };
+        let taken = {
+            let mut list = self.ctxs.lock();
+            match list.iter().position(|(s, _)| *s == space_id) {
+                Some(i) => list.remove(i).ok(),
+                None => None,
+            }
+        };
+        if let Some((_, c)) = taken {
+            ops.ctx_destroy(c);
+        }
+    }
+
+    /// Ends every use of the driver: refuses new callback sections, waits for the running
+    /// ones, then destroys every remaining context. Returns the number destroyed.
+    pub(crate) fn quiesce(&self) -> usize {
+        self.kill();
+        self.gone.store(true, Ordering::Release);
+        self.callbacks.synchronize();
+        let list = core::mem::take(&mut *self.ctxs.lock());
+        for (_, c) in list.iter() {
+            // No section can be running or start (`gone`), so this is the only caller.
+            self.drv.ctx_destroy(*c);
+        }
+        list.len()
     }
 
     pub(crate) fn low(&self) -> u64 {

@@ -47,7 +47,7 @@ fn peer_for(dev: &Device) -> Option<Arc<Device>> {
     }
     registry::all()
         .into_iter()
-        .filter(|p| p.id != dev.id && p.alive() && p.drv.same_driver(&dev.drv) && p.frames_free() > p.high() + 1)
+        .filter(|p| p.id != dev.id && p.alive() && p.same_driver(dev) && p.frames_free() > p.high() + 1)
         .max_by_key(|p| p.frames_free())
 }
 
@@ -104,7 +104,10 @@ fn evict_page(
 /// device touched it since the last look, or it prefers this device and was not spared
 /// yet. Either way it is marked referenced.
 fn spare(dev: &Device, region: &Region, ctx: Option<Ctx>, p: &crate::region::Pages, i: usize, frame: u32) -> bool {
-    let used = ctx.and_then(|c| dev.drv.test_clear_accessed(c, region.va(i))).unwrap_or(false);
+    let used = match (ctx, dev.ops()) {
+        (Some(c), Some(ops)) => ops.test_clear_accessed(c, region.va(i)).unwrap_or(false),
+        _ => false,
+    };
     if used {
         // Also settles a pending prefetch as used (the accessed bit is consumed here).
         dev.note_used(frame);
@@ -208,11 +211,14 @@ pub(crate) fn make_room(dev: &Arc<Device>, want: usize, why: Why) -> usize {
 }
 
 /// A transition's frame allocation found its device full: frees up to `want` frames there
-/// so the caller can retry; `ENOMEM` if nothing could be freed (all pinned, or the host is
-/// out of memory). The caller must have dropped its region lock.
+/// so the caller can retry; `ENOMEM` only if no frame is free afterwards (nothing could be
+/// evicted: all pinned, or the host is out of memory) — a pass that freed fewer than
+/// `want`, or none because others (the background worker, a concurrent evictor, a free)
+/// made room meanwhile, still lets the caller retry. The caller must have dropped its
+/// region lock.
 pub(crate) fn make_room_for(a: &Actions, want: usize, why: Why) -> Result {
     let full = a.alloc_frame.and_then(|d| registry::get(d as usize)).ok_or(ENOMEM)?;
-    if make_room(&full, want, why) == 0 {
+    if make_room(&full, want, why) == 0 && full.frames_free() == 0 {
         return Err(ENOMEM);
     }
     Ok(())

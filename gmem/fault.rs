@@ -232,7 +232,7 @@ fn fault_page(
             accessed_by = true;
         }
         let ev = Event::DevFault { dev: d, write, read_mostly: bits & adv::READ_MOSTLY != 0, accessed_by };
-        let (next, acts) = transition(s, ev).map_err(|_| EBUSY)?;
+        let (next, acts) = transition(s, ev).map_err(migrate::refusal_errno)?;
         match migrate::apply(&Env::access(r, vma), &mut p, i, next, &acts) {
             Err(e) if e == ENOSPC => {
                 drop(p);

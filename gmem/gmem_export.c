@@ -11,7 +11,14 @@
 #include <linux/gfp.h>
 #include <linux/mm.h>
 #include <linux/mm_types.h>
+#include <linux/overflow.h>
+#include <linux/slab.h>
+#include <linux/capability.h>
+#include <linux/memcontrol.h>
+#include <linux/sched/signal.h>
 #include <linux/sched.h>
+#include <linux/sched/mm.h>
+#include <linux/sched/signal.h>
 #include <linux/workqueue.h>
 #include <linux/gmem.h>
 
@@ -38,14 +45,79 @@ struct workqueue_struct *gmem_wq_alloc(void)
 }
 
 /*
- * Host pages backing GMEM memory: charged to the caller's memory cgroup, and allowed to
- * fail (no OOM kill) so that the access needing the page can fail cleanly (host_page.rs).
+ * Host pages backing GMEM memory: charged to the memory cgroup of @mm (the process whose
+ * data the page holds, whichever task allocates it: a fault of another process evicting,
+ * a worker, an unregistering driver), and allowed to fail (no OOM kill) so that the access
+ * needing the page can fail cleanly (host_page.rs). @mm must be kept alive by the caller
+ * (mmgrab); its owner may have exited (then the root cgroup is charged).
  */
-struct page *gmem_host_page_alloc(bool zero);
-struct page *gmem_host_page_alloc(bool zero)
+struct page *gmem_host_page_alloc(struct mm_struct *mm, bool zero);
+struct page *gmem_host_page_alloc(struct mm_struct *mm, bool zero)
 {
-	return alloc_page(GFP_HIGHUSER | __GFP_ACCOUNT | __GFP_RETRY_MAYFAIL | __GFP_NOWARN |
+	struct mem_cgroup *memcg = get_mem_cgroup_from_mm(mm);
+	struct mem_cgroup *old = set_active_memcg(memcg);
+	struct page *page;
+
+	page = alloc_page(GFP_HIGHUSER | __GFP_ACCOUNT | __GFP_RETRY_MAYFAIL | __GFP_NOWARN |
 			  (zero ? __GFP_ZERO : 0));
+	set_active_memcg(old);
+	mem_cgroup_put(memcg);
+	return page;
+}
+
+/*
+ * Per-page metadata of a region (meta.rs): its size is chosen by the user, so it must fail
+ * cleanly. Requests above half of the memory available are refused outright (filling the
+ * machine transiently would make *other* tasks' allocations invoke the OOM killer); the
+ * rest may reclaim but never OOM-kill, are charged to the caller's memory cgroup, and fail
+ * when the caller gets a fatal signal (vmalloc checks for one).
+ */
+void *gmem_meta_alloc(size_t n, size_t size);
+void *gmem_meta_alloc(size_t n, size_t size)
+{
+	size_t bytes;
+
+	if (check_mul_overflow(n, size, &bytes))
+		return NULL;
+	if ((long)(bytes >> PAGE_SHIFT) > si_mem_available() / 2)
+		return NULL;
+	return kvcalloc(n, size, GFP_KERNEL_ACCOUNT | __GFP_RETRY_MAYFAIL | __GFP_NOWARN);
+}
+
+/*
+ * PIN quota (pin_quota.rs): pinned pages count in mm->pinned_vm against the caller's
+ * RLIMIT_MEMLOCK, unless it has CAP_IPC_LOCK (as ib_umem_get() does for RDMA pins).
+ */
+bool gmem_pin_charge(struct mm_struct *mm, u64 npages);
+bool gmem_pin_charge(struct mm_struct *mm, u64 npages)
+{
+	unsigned long limit = rlimit(RLIMIT_MEMLOCK) >> PAGE_SHIFT;
+	s64 now = atomic64_add_return(npages, &mm->pinned_vm);
+
+	if (now > 0 && (u64)now > limit && !capable(CAP_IPC_LOCK)) {
+		atomic64_sub(npages, &mm->pinned_vm);
+		return false;
+	}
+	return true;
+}
+
+void gmem_pin_uncharge(struct mm_struct *mm, u64 npages);
+void gmem_pin_uncharge(struct mm_struct *mm, u64 npages)
+{
+	atomic64_sub(npages, &mm->pinned_vm);
+}
+
+/* cond_resched() and fatal_signal_pending() are macros / inlines (sched.rs). */
+void gmem_cond_resched(void);
+void gmem_cond_resched(void)
+{
+	cond_resched();
+}
+
+bool gmem_fatal_signal_pending(void);
+bool gmem_fatal_signal_pending(void)
+{
+	return fatal_signal_pending(current);
 }
 
 /* Kernel structs, in the order of KERNEL_LAYOUT in gmem/layout.rs. */

@@ -5,16 +5,19 @@
 //! - `chardev`  — `/dev/gmem`: the user API (ioctls) and the mmap contract
 //! - `space`    — per-process address space: regions by address, device contexts
 //! - `region`   — one allocation: per-page residency (16 bytes/page), advice
+//! - `meta`     — failable zero-filled per-page metadata arrays
 //! - `fault`    — where faults go: CPU `.fault` handler and `gmem_dev_fault()` batches
 //! - `host_page`— host pages: memcg-charged, fail instead of OOM-killing
 //! - `migrate`  — carries out the page-state machine's decisions (copy, map, unmap, free)
 //! - `advise`   — GMEM_IOC_ADVISE: hints, prefetch/pin/dontneed, async fences
+//! - `pin_quota`— PIN charged to RLIMIT_MEMLOCK (pinned_vm)
 //! - `registry` — accelerator drivers register here (C ABI of `include/linux/gmem.h`)
 //! - `device`   — a registered device: ops trait + C adapter, central frame allocator, rmap
 //! - `evict`    — overcommit: replacement, 2 MiB victims, peer tier, pre-eviction worker
 //! - `prefetch` — density prefetch on device faults
 //! - `tune`     — run-time switches (debugfs `control`)
 //! - `wq`       — gmem's own workqueue
+//! - `sched`    — cond_resched / fatal-signal checks for long loops
 //! - `policy`   — the pure `no_std` policy code of `policy/` (host-tested)
 //! - `debugfs`  — counters and residency in /sys/kernel/debug/gmem
 //! - `layout`   — load-time check that bindgen's struct layouts match C's
@@ -36,11 +39,14 @@ mod evict;
 mod fault;
 mod host_page;
 mod layout;
+mod meta;
 mod migrate;
+mod pin_quota;
 mod policy;
 mod prefetch;
 mod region;
 mod registry;
+mod sched;
 mod space;
 mod tune;
 mod wq;

@@ -3,8 +3,9 @@
 //!
 //! Allocated by `gmem_host_page_alloc()` (gmem_export.c) with
 //! `GFP_HIGHUSER | __GFP_ACCOUNT | __GFP_RETRY_MAYFAIL | __GFP_ZERO`: charged to the memory
-//! cgroup of the process that caused the allocation, and allowed to fail instead of invoking
-//! the OOM killer. When the host (or the cgroup) is out of memory, the access that needed the
+//! cgroup of the process whose data the page holds (the space's `mm`, not whichever task
+//! happens to allocate: an evicting fault of another process, a worker, an unregistering
+//! driver), and allowed to fail instead of invoking the OOM killer. When the host (or the cgroup) is out of memory, the access that needed the
 //! page fails cleanly — SIGBUS for a CPU fault, ENOMEM for a device kernel — and nothing
 //! else is touched. (The Rust `Flags` of 7.3 cannot express `__GFP_RETRY_MAYFAIL`, hence C.)
 
@@ -13,7 +14,7 @@ use kernel::{bindings, prelude::*};
 
 extern "C" {
     /// Returns a `struct page *` (declared as `void *`: bindgen's `page` is not FFI-clean).
-    fn gmem_host_page_alloc(zero: bool) -> *mut core::ffi::c_void;
+    fn gmem_host_page_alloc(mm: *mut core::ffi::c_void, zero: bool) -> *mut core::ffi::c_void;
 }
 
 /// An order-0 host page owned by a region (zeroed, or fully written before any use).
@@ -29,11 +30,13 @@ unsafe impl Send for HostPage {}
 unsafe impl Sync for HostPage {}
 
 impl HostPage {
-    /// A new page, zeroed unless the caller is about to overwrite all of it (a D2H copy);
-    /// or `ENOMEM` (host or memory cgroup limit).
-    pub(crate) fn alloc(zero: bool) -> Result<HostPage> {
-        // SAFETY: plain allocation call, process or worker context.
-        let p = unsafe { gmem_host_page_alloc(zero) }.cast::<bindings::page>();
+    /// A new page for data of `mm`'s process, charged to its memory cgroup, zeroed unless
+    /// the caller is about to overwrite all of it (a D2H copy); or `ENOMEM` (host or memory
+    /// cgroup limit).
+    pub(crate) fn alloc(mm: &kernel::mm::Mm, zero: bool) -> Result<HostPage> {
+        // SAFETY: plain allocation call, process or worker context; `mm` is a live mm (the
+        // reference keeps it allocated for the call).
+        let p = unsafe { gmem_host_page_alloc(mm.as_raw().cast(), zero) }.cast::<bindings::page>();
         // INVARIANT: from `gmem_host_page_alloc`.
         NonNull::new(p).map(HostPage).ok_or(ENOMEM)
     }

@@ -12,8 +12,8 @@ use crate::abi::{GmemCopy, GmemPte, GMEM_COPY_D2D, GMEM_COPY_D2H, GMEM_COPY_H2D,
 use crate::abi::{GMEM_PROT_READ, GMEM_PROT_WRITE};
 use crate::device::{self as devmod, DevStats, Device, DeviceOps, Owner, F_PREFETCHED};
 use crate::policy::evict::{F_CLEAN, F_LENT, F_PINNED, F_REF};
-use crate::policy::page_state::{Actions, Copy, Loc, PageState};
-use crate::region::{devices_in, Dup, Pages, Region, PAGE_SIZE};
+use crate::policy::page_state::{Actions, Copy, Loc, PageState, Refused};
+use crate::region::{devices_in, Pages, Region, PAGE_SIZE};
 use crate::registry;
 use crate::host_page::HostPage;
 use kernel::{mm::virt::VmaRef, prelude::*, sync::Arc};
@@ -35,6 +35,15 @@ impl<'a> Env<'a> {
 
     pub(crate) fn background(region: &'a Arc<Region>) -> Self {
         Env { region, vma: None, access: false }
+    }
+}
+
+/// The errno of a refused transition for advice and device faults: a lost page fails with
+/// `EIO` (its data is gone), a pinned one with `EBUSY`. (CPU faults get SIGBUS for both.)
+pub(crate) fn refusal_errno(r: Refused) -> Error {
+    match r {
+        Refused::Lost => EIO,
+        _ => EBUSY,
     }
 }
 
@@ -76,7 +85,7 @@ pub(crate) fn apply(env: &Env<'_>, p: &mut Pages, i: usize, next: PageState, a: 
     let mut new_host = false;
     if a.alloc_host && p.host[i].is_none() {
         // A page a D2H copy fills whole needs no zeroing first.
-        p.host[i] = Some(HostPage::alloc(!matches!(a.copy, Copy::D2H(_)))?);
+        p.host[i] = Some(HostPage::alloc(space.mm(), !matches!(a.copy, Copy::D2H(_)))?);
         new_host = true;
     }
     // 2. Device frame; a frame that becomes a duplicate needs room in the side list.
@@ -87,7 +96,7 @@ pub(crate) fn apply(env: &Env<'_>, p: &mut Pages, i: usize, next: PageState, a: 
         // cannot miss it.
         let r = device(d).and_then(|dev| if dev.alive() { Ok(dev) } else { Err(ENODEV) }).and_then(|dev| {
             if next.loc() != Loc::Device(d) {
-                p.dups.reserve(1, GFP_KERNEL)?;
+                p.dups.reserve()?;
             }
             let f = dev.alloc_frame()?;
             Ok((dev, f))
@@ -109,16 +118,15 @@ pub(crate) fn apply(env: &Env<'_>, p: &mut Pages, i: usize, next: PageState, a: 
     }
     let old_loc = p.state(i).loc();
     for d in devices_in(a.unmap_dev) {
-        if let Ok(dev) = device(d) {
-            if let Some(ctx) = space.ctx_if_any(&dev) {
-                if old_loc == Loc::Device(d) && a.free_frame == Some(d) && dev.flags(old_frame) & F_PREFETCHED != 0 {
-                    // A prefetched page leaves: did the device ever touch it?
-                    settle_prefetch(&dev, dev.drv.test_clear_accessed(ctx, va).unwrap_or(false));
-                }
-                dev.drv.unmap(ctx, va, 1);
-                dev.drv.tlb_invalidate(ctx, va, 1);
-            }
+        let Ok(dev) = device(d) else { continue };
+        // A device that is gone has no page table left to unmap from.
+        let (Some(ops), Some(ctx)) = (dev.ops(), space.ctx_if_any(&dev)) else { continue };
+        if old_loc == Loc::Device(d) && a.free_frame == Some(d) && dev.flags(old_frame) & F_PREFETCHED != 0 {
+            // A prefetched page leaves: did the device ever touch it?
+            settle_prefetch(&dev, ops.test_clear_accessed(ctx, va).unwrap_or(false));
         }
+        ops.unmap(ctx, va, 1);
+        ops.tlb_invalidate(ctx, va, 1);
     }
 
     // 3. Data.
@@ -136,28 +144,29 @@ pub(crate) fn apply(env: &Env<'_>, p: &mut Pages, i: usize, next: PageState, a: 
         Copy::ZeroDev(d) => device(d).and_then(|dev| {
             DevStats::add(&dev.stats.pages_zeroed, 1);
             let c = GmemCopy { host: core::ptr::null_mut(), frame: nf, peer_frame: 0 };
-            dev.drv.copy(GMEM_COPY_ZERO, &[c], None)
+            dev.ops().ok_or(ENODEV)?.copy(GMEM_COPY_ZERO, &[c], None)
         }),
         Copy::H2D(d) => device(d).and_then(|dev| {
             DevStats::add(&dev.stats.pages_h2d, 1);
             let c = GmemCopy { host: host_ptr(p, i)?, frame: nf, peer_frame: 0 };
-            dev.drv.copy(GMEM_COPY_H2D, &[c], None)
+            dev.ops().ok_or(ENODEV)?.copy(GMEM_COPY_H2D, &[c], None)
         }),
         Copy::D2H(o) => device(o).and_then(|dev| {
             DevStats::add(&dev.stats.pages_d2h, 1);
             let c = GmemCopy { host: host_ptr(p, i)?, frame: u64::from(old_frame), peer_frame: 0 };
-            dev.drv.copy(GMEM_COPY_D2H, &[c], None)
+            dev.ops().ok_or(ENODEV)?.copy(GMEM_COPY_D2H, &[c], None)
         }),
         Copy::D2D { from, to } => device(from).and_then(|src| {
             let dst = device(to)?;
-            if !src.drv.same_driver(&dst.drv) {
+            if !src.same_driver(&dst) {
                 // Peer copies need one driver on both ends; the state machine's caller
                 // only offers peers of the same driver (see `evict::peer_for`).
                 return Err(EXDEV);
             }
             DevStats::add(&src.stats.pages_d2d, 1);
             let c = GmemCopy { host: core::ptr::null_mut(), frame: u64::from(old_frame), peer_frame: nf };
-            src.drv.copy(GMEM_COPY_D2D, &[c], Some(&dst.drv))
+            let (s, d) = (src.ops().ok_or(ENODEV)?, dst.ops().ok_or(ENODEV)?);
+            s.copy(GMEM_COPY_D2D, &[c], Some(&*d))
         }),
     };
     if let Err(e) = r {
@@ -183,8 +192,8 @@ pub(crate) fn apply(env: &Env<'_>, p: &mut Pages, i: usize, next: PageState, a: 
         if next.loc() == Loc::Device(dev.id as u8) {
             p.frame[i] = f;
         } else {
-            // Room was reserved in step 2.
-            let _ = p.dups.push(Dup { page: i, dev: dev.id as u8, frame: f }, GFP_NOWAIT);
+            // The tree node was reserved in step 2, so this cannot fail.
+            let _ = p.dups.insert(i, dev.id as u8, f);
             dev.set_owner(f, who.clone(), F_CLEAN | F_REF, 0);
         }
         devmod::kick(&dev);
@@ -209,7 +218,10 @@ pub(crate) fn apply(env: &Env<'_>, p: &mut Pages, i: usize, next: PageState, a: 
     if a.free_host {
         p.host[i] = None;
     }
-    // Commit.
+    // Commit. A pin that ends gives its page back to the process's pin quota.
+    if p.state(i).pinned() && !next.pinned() {
+        crate::pin_quota::uncharge(space.mm(), 1);
+    }
     p.state[i] = next.bits();
 
     // 8. Device mapping (a failure here leaves a consistent, merely unmapped page).
@@ -218,6 +230,7 @@ pub(crate) fn apply(env: &Env<'_>, p: &mut Pages, i: usize, next: PageState, a: 
         if !dev.alive() {
             return Err(ENODEV);
         }
+        let ops = dev.ops().ok_or(ENODEV)?;
         let ctx = space.ctx(&dev)?;
         let prot = GMEM_PROT_READ | if m.writable { GMEM_PROT_WRITE } else { 0 };
         let pte = if m.remote_host {
@@ -231,13 +244,14 @@ pub(crate) fn apply(env: &Env<'_>, p: &mut Pages, i: usize, next: PageState, a: 
             };
             GmemPte { va, frame: u64::from(frame), host: core::ptr::null_mut(), prot, pad: 0 }
         };
-        dev.drv.map(ctx, &[pte])?;
+        ops.map(ctx, &[pte])?;
     }
     Ok(())
 }
 
 /// Applies `event` to every page of `pages` in `range` (advice and teardown paths).
 /// Refused transitions are reported with `refused`; stops at the first execution error.
+/// Never-touched pages are skipped without a transition when `event` leaves them alone.
 pub(crate) fn apply_range(
     env: &Env<'_>,
     p: &mut Pages,
@@ -247,7 +261,14 @@ pub(crate) fn apply_range(
     refused: Error,
 ) -> Result {
     use crate::policy::page_state::transition;
-    for i in first..first + count {
+    let skip_empty = matches!(transition(PageState::EMPTY, event), Ok((n, a)) if n == PageState::EMPTY && a == Actions::default());
+    for i in first..first.checked_add(count).ok_or(EINVAL)? {
+        if (i - first) % crate::sched::CHUNK == 0 {
+            crate::sched::cond_resched();
+        }
+        if skip_empty && p.state[i] == PageState::EMPTY.bits() {
+            continue;
+        }
         let s = p.state(i);
         let (next, a) = transition(s, event).map_err(|_| refused)?;
         if next != s || a != Actions::default() {
@@ -258,40 +279,86 @@ pub(crate) fn apply_range(
 }
 
 /// Releases everything a region holds (VMA close: munmap, FREE, exit). Idempotent.
+///
+/// The region is marked dead and emptied under its page lock *before* it leaves its
+/// space's tree: device evacuation walks the tree, so it either finds the region (and
+/// serialises with this on the page lock) or finds it gone, already empty. No driver is
+/// called after its unregistration returned (callbacks go through `Device::ops`).
 pub(crate) fn teardown(region: &Arc<Region>) {
     use crate::policy::page_state::Event;
+    {
+        let mut p = region.pages.lock();
+        if !p.dead {
+            p.dead = true;
+            let env = Env::background(region);
+            if let Err(e) = apply_range(&env, &mut p, 0, region.npages, Event::Free, EINVAL) {
+                pr_err!("teardown of region {:#x} failed: {:?}\n", region.start, e);
+            }
+        }
+    }
     region.space.remove_region(region);
-    let mut p = region.pages.lock();
-    if p.dead {
-        return;
-    }
-    p.dead = true;
-    let env = Env::background(region);
-    if let Err(e) = apply_range(&env, &mut p, 0, region.npages, Event::Free, EINVAL) {
-        pr_err!("teardown of region {:#x} failed: {:?}\n", region.start, e);
-    }
 }
 
-/// Moves everything `dev` holds in `region` to the host (device unregistration).
-pub(crate) fn evacuate(region: &Arc<Region>, dev: &Device) -> Result {
+/// What one evacuation pass did in one region.
+#[derive(Default)]
+pub(crate) struct Evacuated {
+    /// Pages that still involve the device (their move failed; retried by a later pass).
+    pub(crate) left: u64,
+    /// Pages whose data could not be saved and that are now `Lost`.
+    pub(crate) lost: u64,
+}
+
+/// Moves everything `dev` holds in `region` to the host (device unregistration). A page
+/// whose move fails stays as it is and is counted in `left`; with `lose`, it becomes
+/// `Lost` instead (its frames and mappings are released; accesses fail from then on).
+pub(crate) fn evacuate(region: &Arc<Region>, dev: &Device, lose: bool) -> Evacuated {
     use crate::policy::page_state::{transition, Event};
+    let mut out = Evacuated::default();
     let mut p = region.pages.lock();
     if p.dead {
-        return Ok(());
+        return out;
     }
     let env = Env::background(region);
     let d = dev.id as u8;
     let mut moved = 0u64;
+    // Once a host page could not be had for this region (its process's memory cgroup or
+    // the host is full), the region's other pages that need one are not tried again in
+    // this pass: each try would reclaim in vain. Pages that need no allocation still move.
+    let mut host_short = false;
     for i in 0..region.npages {
+        if i % crate::sched::CHUNK == 0 {
+            crate::sched::cond_resched();
+        }
         let s = p.state(i);
         let involved = s.loc() == Loc::Device(d) || (s.dup_mask() | s.remote_mask()) & (1 << d) != 0;
         if !involved {
             continue;
         }
-        let (next, a) = transition(s, Event::DeviceGone { dev: d }).map_err(|_| EINVAL)?;
-        apply(&env, &mut p, i, next, &a)?;
-        moved += 1;
+        let saved = match transition(s, Event::DeviceGone { dev: d }) {
+            Ok((_, a)) if host_short && a.alloc_host && p.host[i].is_none() => Err(ENOMEM),
+            Ok((next, a)) => apply(&env, &mut p, i, next, &a),
+            Err(_) => Err(EINVAL),
+        };
+        match saved {
+            Ok(()) => {
+                moved += 1;
+                continue;
+            }
+            Err(e) if e == ENOMEM => host_short = true,
+            Err(_) => {}
+        }
+        if !lose {
+            out.left += 1;
+            continue;
+        }
+        // `Lose` allocates and copies nothing, so it cannot fail for want of memory; it
+        // releases the page's frames on every device and its mappings.
+        match transition(s, Event::Lose).map_err(|_| EINVAL).and_then(|(next, a)| apply(&env, &mut p, i, next, &a)) {
+            Ok(()) => out.lost += 1,
+            Err(_) => out.left += 1,
+        }
     }
     DevStats::add(&dev.stats.evacuated, moved);
-    Ok(())
+    DevStats::add(&dev.stats.lost, out.lost);
+    out
 }

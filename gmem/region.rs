@@ -3,7 +3,8 @@
 //!
 //! Per page the region keeps exactly 16 bytes: the packed page state (4, see
 //! `policy/src/page_state.rs`), the owner's frame number (4) and the host page (8, `None`
-//! when no host copy exists). Read-only duplicates, which are rare, live in a side list.
+//! when no host copy exists), in zero-filled arrays that fail cleanly (`meta.rs`). Read-only
+//! duplicates live in a tree keyed by (page, device).
 //! Advice is kept per range in a small interval map (`policy/src/range.rs`).
 //!
 //! Lock order: mmap lock -> `Region::pages` -> `Space::ctxs` -> `Device::frames`.
@@ -12,7 +13,13 @@ use crate::policy::page_state::{PageState, MAX_DEVICES};
 use crate::policy::range::{AdviceMap, PageRange};
 use crate::space::Space;
 use crate::host_page::HostPage;
-use kernel::{new_mutex, prelude::*, sync::{Arc, Mutex}};
+use crate::meta::Meta;
+use kernel::{
+    new_mutex,
+    prelude::*,
+    rbtree::{RBTree, RBTreeNode, RBTreeNodeReservation},
+    sync::{Arc, Mutex},
+};
 
 pub(crate) const PAGE_SIZE: usize = 4096;
 
@@ -38,22 +45,69 @@ pub(crate) mod adv {
 /// Runs of distinct advice one region may carry.
 pub(crate) const ADVICE_RUNS: usize = 32;
 
-/// A read-only duplicate of a page on a device that is not its owner.
-#[derive(Clone, Copy)]
-pub(crate) struct Dup {
-    pub(crate) page: usize,
-    pub(crate) dev: u8,
-    pub(crate) frame: u32,
+/// Read-only duplicates (READ_MOSTLY) of pages on devices that are not their owner: the
+/// duplicate's frame by (page index, device). A red-black tree: O(log n) per lookup,
+/// insertion and removal, no limit on the count, and teardown of n duplicates is
+/// O(n log n).
+///
+/// An insertion happens after the transition's allocations, at a point where it must not
+/// fail, so its node is reserved first ([`Dups::reserve`]), together with the frame.
+pub(crate) struct Dups {
+    tree: RBTree<(usize, u8), u32>,
+    spare: Option<RBTreeNodeReservation<(usize, u8), u32>>,
+    len: usize,
+}
+
+impl Dups {
+    fn new() -> Self {
+        Dups { tree: RBTree::new(), spare: None, len: 0 }
+    }
+
+    /// Makes sure the next [`Dups::insert`] needs no allocation.
+    pub(crate) fn reserve(&mut self) -> Result {
+        if self.spare.is_none() {
+            self.spare = Some(RBTreeNodeReservation::new(GFP_KERNEL_ACCOUNT)?);
+        }
+        Ok(())
+    }
+
+    /// Records `frame` as `dev`'s duplicate of `page`. Uses the reserved node (or, if the
+    /// caller did not reserve, allocates without sleeping and returns `ENOMEM` on failure).
+    pub(crate) fn insert(&mut self, page: usize, dev: u8, frame: u32) -> Result {
+        let node = match self.spare.take() {
+            Some(r) => r.into_node((page, dev), frame),
+            None => RBTreeNode::new((page, dev), frame, GFP_NOWAIT)?,
+        };
+        if self.tree.insert(node).is_none() {
+            self.len += 1;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn remove(&mut self, page: usize, dev: u8) -> Option<u32> {
+        let f = self.tree.remove(&(page, dev))?;
+        self.len -= 1;
+        Some(f)
+    }
+
+    pub(crate) fn get(&self, page: usize, dev: u8) -> Option<u32> {
+        self.tree.get(&(page, dev)).copied()
+    }
+
+    /// Approximate bytes used (one tree node per duplicate).
+    pub(crate) fn bytes(&self) -> usize {
+        (self.len + usize::from(self.spare.is_some())) * core::mem::size_of::<RBTreeNode<(usize, u8), u32>>()
+    }
 }
 
 /// The per-page arrays, under the region's lock.
 pub(crate) struct Pages {
     /// Set once the region is torn down: every later fault gets SIGBUS / EFAULT.
     pub(crate) dead: bool,
-    pub(crate) state: KVVec<u32>,
-    pub(crate) frame: KVVec<u32>,
-    pub(crate) host: KVVec<Option<HostPage>>,
-    pub(crate) dups: KVec<Dup>,
+    pub(crate) state: Meta<u32>,
+    pub(crate) frame: Meta<u32>,
+    pub(crate) host: Meta<Option<HostPage>>,
+    pub(crate) dups: Dups,
     pub(crate) advice: AdviceMap<ADVICE_RUNS>,
 }
 
@@ -63,12 +117,11 @@ impl Pages {
     }
 
     pub(crate) fn take_dup(&mut self, page: usize, dev: u8) -> Option<u32> {
-        let i = self.dups.iter().position(|d| d.page == page && d.dev == dev)?;
-        Some(self.dups.remove(i).ok()?.frame)
+        self.dups.remove(page, dev)
     }
 
     pub(crate) fn dup_frame(&self, page: usize, dev: u8) -> Option<u32> {
-        self.dups.iter().find(|d| d.page == page && d.dev == dev).map(|d| d.frame)
+        self.dups.get(page, dev)
     }
 }
 
@@ -85,14 +138,12 @@ impl Region {
     /// A region of `npages` never-touched pages at `start`, with `initial_advice` (advice
     /// bits, e.g. ALLOC's preferred device) over all of it.
     pub(crate) fn new(space: Arc<Space>, start: usize, npages: usize, initial_advice: u32) -> Result<Arc<Region>> {
-        let mut state = KVVec::with_capacity(npages, GFP_KERNEL_ACCOUNT)?;
-        let mut frame = KVVec::with_capacity(npages, GFP_KERNEL_ACCOUNT)?;
-        let mut host = KVVec::with_capacity(npages, GFP_KERNEL_ACCOUNT)?;
-        for _ in 0..npages {
-            state.push(PageState::EMPTY.bits(), GFP_KERNEL_ACCOUNT)?;
-            frame.push(0u32, GFP_KERNEL_ACCOUNT)?;
-            host.push(None, GFP_KERNEL_ACCOUNT)?;
-        }
+        // All-zero metadata is "never touched" (`PageState::EMPTY`, frame 0, no host page);
+        // failable, see meta.rs.
+        const _: () = assert!(PageState::EMPTY.bits() == 0);
+        let state = Meta::zeroed(npages)?;
+        let frame = Meta::zeroed(npages)?;
+        let host = Meta::zeroed(npages)?;
         let mut advice = AdviceMap::new();
         if initial_advice != 0 {
             advice
@@ -105,7 +156,7 @@ impl Region {
                 npages,
                 space,
                 pages <- new_mutex!(
-                    Pages { dead: false, state, frame, host, dups: KVec::new(), advice },
+                    Pages { dead: false, state, frame, host, dups: Dups::new(), advice },
                     "gmem_region_pages"
                 ),
             }),
@@ -132,10 +183,7 @@ impl Region {
     /// Bytes of per-page metadata this region uses (P5 of the benchmarks).
     pub(crate) fn metadata_bytes(&self) -> usize {
         let p = self.pages.lock();
-        p.state.capacity() * 4
-            + p.frame.capacity() * 4
-            + p.host.capacity() * core::mem::size_of::<Option<HostPage>>()
-            + p.dups.capacity() * core::mem::size_of::<Dup>()
+        p.state.bytes() + p.frame.bytes() + p.host.bytes() + p.dups.bytes()
     }
 }
 
@@ -182,6 +230,34 @@ mod tests {
         s.remove_region(&c);
         assert!(s.next_region(0).is_none());
         crate::space::release(&s);
+    }
+
+    /// Issue item 6: duplicates used to live in one kmalloc'd vector that failed past
+    /// 262,144 entries (4 MiB) and was searched linearly. The tree takes more than that,
+    /// finds each by (page, device), and empties again.
+    #[test]
+    fn duplicates_scale_past_the_old_cap() {
+        const N: usize = 300_000;
+        let mut d = Dups::new();
+        for i in 0..N {
+            if i % crate::sched::CHUNK == 0 {
+                crate::sched::cond_resched();
+            }
+            d.reserve().expect("reserve");
+            d.insert(i / 3, (i % 3) as u8 * 5, i as u32).expect("insert");
+        }
+        assert_eq!(d.len, N);
+        assert_eq!(d.get(N / 3 - 1, 10), Some(N as u32 - 1));
+        assert_eq!(d.get(7, 5), Some(22));
+        assert_eq!(d.get(7, 4), None);
+        for i in 0..N {
+            if i % crate::sched::CHUNK == 0 {
+                crate::sched::cond_resched();
+            }
+            assert_eq!(d.remove(i / 3, (i % 3) as u8 * 5), Some(i as u32));
+        }
+        assert_eq!(d.len, 0);
+        assert!(d.get(7, 5).is_none());
     }
 
     #[test]

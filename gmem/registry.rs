@@ -4,9 +4,18 @@
 //! first; they are what the user API calls a device.
 //!
 //! Lock order: `REGISTRY` is a leaf; no driver callback and no other lock under it.
-//! Unregistration: mark the device dead (no new fault, prefetch or context starts on it),
-//! evacuate every page it holds in every space to the host, destroy its contexts, then
-//! forget it. Nothing a user stored is lost.
+//!
+//! Unregistration (what `gmem_dev_unregister` guarantees, Documentation/driver-api.rst):
+//! 1. `kill`: nothing new is placed on the device, no context is created on it.
+//! 2. Evacuate every page that involves it, in every space, to the host; passes that meet
+//!    errors (host memory short) are retried with backoff, and only the last pass gives up
+//!    on a page, which then becomes *lost* (holds nothing; accesses fail; counted, logged).
+//! 3. `quiesce`: refuse new callback sections, wait for the running ones, destroy every
+//!    context of the device (also those of spaces only a driver still references).
+//! 4. Forget the id — only if no frame of the device is in use any more. Otherwise (a bug:
+//!    some page was missed) the id stays reserved by the dead device forever, so that no
+//!    page state can ever resolve to a new device under the old id.
+//! No callback of the device runs after it returns.
 
 use crate::abi::{GmemDevHandle, GmemDevOps, GmemDevProps};
 use crate::device::{CDriver, Device};
@@ -35,9 +44,9 @@ pub(crate) fn init() {
     unsafe { REGISTRY.init() };
 }
 
-/// Number of registered devices.
+/// Number of registered devices (not counting one that is unregistering).
 pub(crate) fn count() -> usize {
-    REGISTRY.lock().devices.iter().filter(|d| d.is_some()).count()
+    REGISTRY.lock().devices.iter().flatten().filter(|d| d.alive()).count()
 }
 
 /// The device with id `id`.
@@ -70,24 +79,49 @@ fn remove(id: usize) -> Option<Arc<Device>> {
     REGISTRY.lock().devices.get_mut(id)?.take()
 }
 
-/// Evacuates `dev` from every space and destroys its contexts.
-fn evacuate(dev: &Device) {
-    let spaces = match space::all() {
-        Ok(s) => s,
-        Err(_) => {
-            pr_err!("device {}: cannot list spaces for evacuation\n", dev.id);
-            return;
-        }
-    };
+/// Pauses between evacuation passes that left pages behind (host memory short): reclaim
+/// and other processes' frees get time to make room before the next pass.
+const EVACUATION_BACKOFF_MS: [u32; 4] = [10, 50, 200, 1000];
+
+/// One pass over every region of every space; returns the pages still involving `dev`.
+/// With `lose`, a page whose data cannot be saved becomes lost instead of staying behind.
+/// Regions created after the space list was taken cannot hold anything of `dev` (it is
+/// dead, and `migrate::apply` checks that under the region lock); a region that leaves its
+/// space's tree during the pass was torn down completely before it left (`teardown`).
+fn evacuation_pass(dev: &Device, lose: bool) -> Result<u64> {
+    let spaces = space::all()?;
+    let mut left = 0;
     for s in spaces.iter() {
-        let mut from = 0;
+        let (mut from, mut lost) = (0, 0);
         while let Some(r) = s.next_region(from) {
             from = r.end();
-            if let Err(e) = migrate::evacuate(&r, dev) {
-                pr_err!("device {}: evacuating region {:#x} failed: {:?}\n", dev.id, r.start, e);
-            }
+            let e = migrate::evacuate(&r, dev, lose);
+            left += e.left;
+            lost += e.lost;
         }
-        s.drop_ctx(dev);
+        if lost > 0 {
+            pr_err!("device {}: lost {} pages of process {} (space {}): host memory exhausted\n", dev.id, lost, s.pid, s.id);
+        }
+    }
+    Ok(left)
+}
+
+/// Moves every page involving `dev` to the host, retrying passes with backoff; the last
+/// pass marks what still cannot be saved as lost.
+fn evacuate(dev: &Device) {
+    for (pass, ms) in EVACUATION_BACKOFF_MS.iter().enumerate() {
+        match evacuation_pass(dev, false) {
+            Ok(0) => return,
+            Ok(left) => pr_warn!("device {}: evacuation pass {}: {} pages left, retrying\n", dev.id, pass, left),
+            Err(_) => pr_warn!("device {}: evacuation pass {}: out of memory, retrying\n", dev.id, pass),
+        }
+        kernel::time::delay::fsleep(kernel::time::Delta::from_millis(i64::from(*ms)));
+    }
+    // The space list itself needs memory; keep trying (each try sleeps) rather than leave
+    // pages behind unaccounted.
+    while evacuation_pass(dev, true).is_err() {
+        pr_warn!("device {}: cannot list spaces for the last evacuation pass, retrying\n", dev.id);
+        kernel::time::delay::fsleep(kernel::time::Delta::from_millis(100));
     }
 }
 
@@ -122,8 +156,15 @@ pub(crate) unsafe extern "C" fn gmem_dev_unregister(dev: *mut GmemDevHandle) {
     let dev = unsafe { Arc::<Device>::from_raw(dev.cast::<Device>().cast_const()) };
     dev.kill();
     evacuate(&dev);
-    drop(remove(dev.id));
-    pr_info!("device {} unregistered ({} frames still in use)\n", dev.id, dev.frames_used());
+    let ctxs = dev.quiesce();
+    let used = dev.frames_used();
+    if used == 0 {
+        drop(remove(dev.id));
+        pr_info!("device {} unregistered ({} contexts destroyed)\n", dev.id, ctxs);
+    } else {
+        // Some page still names this device: keep its id reserved (see the module doc).
+        pr_err!("device {} unregistered with {} frames still in use; id {} stays reserved\n", dev.id, used, dev.id);
+    }
 }
 
 /// `gmem_dev_id()` of the C ABI.

@@ -8,7 +8,7 @@
 //! `Space::thrash` are taken under a region's page lock (see Documentation/design.rst).
 
 use crate::abi::GmemSpaceHandle;
-use crate::device::{Ctx, Device, DeviceOps};
+use crate::device::{Ctx, Device};
 use crate::policy::thrash::{RecentMoves, ThrashTable};
 use crate::region::Region;
 use crate::registry::MAX_DEVICES;
@@ -31,6 +31,8 @@ pub(crate) struct SpaceStats {
 #[pin_data(PinnedDrop)]
 pub(crate) struct Space {
     pub(crate) id: u64,
+    /// Thread-group id of the process that opened the space (for log messages).
+    pub(crate) pid: i32,
     mm: ARef<Mm>,
     /// Regions by address range `[start, end]`.
     #[pin]
@@ -41,6 +43,13 @@ pub(crate) struct Space {
     /// Recently migrated pages, for thrashing detection (a leaf lock).
     #[pin]
     pub(crate) thrash: Mutex<Thrash>,
+    /// Held by an asynchronous prefetch for its whole run: the space's fences run one at a
+    /// time. Besides bounding the work queued for one process, this is what lets an exiting
+    /// process's address space go: a fence holds the mm's users only within a chunk, and
+    /// with one fence at a time there are moments when no fence holds them, so the last
+    /// `mmput` (and `exit_mmap`) happens and later chunks fail. Taken with nothing held.
+    #[pin]
+    pub(crate) fence_lock: Mutex<()>,
     pub(crate) stats: SpaceStats,
 }
 
@@ -98,10 +107,12 @@ pub(crate) fn open(mm: &Mm) -> Result<Arc<Space>> {
     let space = Arc::pin_init(
         try_pin_init!(Space {
             id,
+            pid: kernel::current!().tgid(),
             mm: ARef::from(mm),
             regions <- MapleTree::new(),
             ctxs <- new_mutex!([const { None }; MAX_DEVICES], "gmem_space_ctxs"),
             thrash <- new_mutex!(Thrash { recent: RecentMoves::new(), table: ThrashTable::new() }, "gmem_space_thrash"),
+            fence_lock <- new_mutex!((), "gmem_space_fences"),
             stats: SpaceStats::default(),
         }),
         GFP_KERNEL,
@@ -185,7 +196,9 @@ impl Space {
         mas.find(usize::MAX).map(|r| Arc::from(r))
     }
 
-    /// The context of `dev` in this space, created on first use.
+    /// The context of `dev` in this space, created on first use. A slot may still hold the
+    /// context of an earlier device with the same id: that device destroyed it when it
+    /// unregistered (`Device::quiesce`), and it is only overwritten here.
     pub(crate) fn ctx(&self, dev: &Arc<Device>) -> Result<Ctx> {
         let mut ctxs = self.ctxs.lock();
         let slot = ctxs.get_mut(dev.id).ok_or(EINVAL)?;
@@ -194,10 +207,7 @@ impl Space {
                 return Ok(*c);
             }
         }
-        if !dev.alive() {
-            return Err(ENODEV);
-        }
-        let c = dev.drv.ctx_create()?;
+        let c = dev.create_ctx(self.id)?;
         *slot = Some((dev.clone(), c));
         Ok(c)
     }
@@ -211,20 +221,6 @@ impl Space {
         }
     }
 
-    /// Destroys the context of `dev` (device unregistration, after evacuation).
-    pub(crate) fn drop_ctx(&self, dev: &Device) {
-        let taken = {
-            let mut ctxs = self.ctxs.lock();
-            match ctxs.get_mut(dev.id) {
-                Some(slot) if slot.as_ref().is_some_and(|(d, _)| core::ptr::eq(&**d, dev)) => slot.take(),
-                _ => None,
-            }
-        };
-        if let Some((d, c)) = taken {
-            d.drv.ctx_destroy(c);
-        }
-    }
-
     pub(crate) fn count(c: &AtomicU64) {
         c.fetch_add(1, Ordering::Relaxed);
     }
@@ -235,8 +231,9 @@ impl PinnedDrop for Space {
     fn drop(self: Pin<&mut Self>) {
         let mut ctxs = self.ctxs.lock();
         for slot in ctxs.iter_mut() {
-            if let Some((d, c)) = slot.take() {
-                d.drv.ctx_destroy(c);
+            if let Some((d, _)) = slot.take() {
+                // Destroyed here unless its device unregistered first and destroyed it then.
+                d.release_ctx(self.id);
             }
         }
     }

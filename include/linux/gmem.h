@@ -8,7 +8,9 @@
  * The driver reports device page faults in batches with gmem_dev_fault().
  *
  * Contract of every callback: it may sleep, it is never called with a spinlock held, and it
- * must not call back into gmem (no gmem_dev_fault() from inside a callback).
+ * must not call back into gmem (no gmem_dev_fault() from inside a callback). No callback is
+ * made with a context after ctx_destroy() of that context started, and none at all after
+ * gmem_dev_unregister() returned.
  * See Documentation/driver-api.rst.
  */
 #ifndef _LINUX_GMEM_H
@@ -89,8 +91,12 @@ struct gmem_dev_props {
 struct gmem_dev *gmem_dev_register(const struct gmem_dev_ops *ops,
 				   const struct gmem_dev_props *props);
 /*
- * Evacuates every page resident on the device to host memory, destroys every context,
- * then forgets the device. No callback is made after it returns.
+ * Marks the device dead, evacuates every page resident on it to host memory (retrying with
+ * backoff; a page whose data still cannot be saved becomes "lost": SIGBUS/-EIO/QUERY
+ * GMEM_LOC_LOST), waits for every callback of the device still running, destroys every
+ * context of the device, then forgets the device. No callback is made after it returns.
+ * Call it once, with no lock held that a callback takes, after the driver stopped calling
+ * gmem_dev_fault() for the device.
  */
 void gmem_dev_unregister(struct gmem_dev *dev);
 /* Small integer id of the device (as used in the user API), >= 0. */
@@ -115,6 +121,8 @@ void *gmem_space_ctx(struct gmem_dev *dev, struct gmem_space *space);
  *   -ENODEV  the device is unregistering;
  *   -EBUSY   the page is pinned on another device;
  *   -ENOMEM  no device frame could be freed (all pinned) or host memory ran out;
+ *   -EIO     a page's data was lost when the device holding it was unregistered;
+ *   -EXDEV   the page is on a device of another driver (no peer copy between drivers);
  *   -EINVAL  bad arguments; other negative values are the driver's own callback errors.
  */
 int gmem_dev_fault(struct gmem_dev *dev, struct gmem_space *space,

@@ -88,6 +88,9 @@ struct gmem_wait {
 #define GMEM_LOC_NONE		0	/* never touched: reads as zeros */
 #define GMEM_LOC_HOST		1
 #define GMEM_LOC_DEVICE		2
+#define GMEM_LOC_LOST		3	/* data lost when its device was removed (host memory
+					   exhausted): CPU access SIGBUS, device access -EIO,
+					   until DONTNEED or FREE */
 #define GMEM_Q_LOC(w)		((w) & 0xff)
 #define GMEM_Q_DEV(w)		(((w) >> 8) & 0xff)	/* owner device if LOC_DEVICE */
 #define GMEM_Q_PINNED		(1u << 16)

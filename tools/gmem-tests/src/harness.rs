@@ -191,3 +191,37 @@ pub fn on_signal(sig: i32, handler: usize, siginfo: bool) {
         libc::sigaction(sig, &sa, std::ptr::null_mut());
     }
 }
+
+/// One end of a two-way link between a test and its forked child (two pipes: the guest
+/// kernel has no sockets). Each side keeps its own end and drops the other after fork.
+pub struct Link {
+    rd: std::fs::File,
+    wr: std::fs::File,
+}
+
+impl Link {
+    /// Two connected ends.
+    pub fn pair() -> Result<(Link, Link), String> {
+        use std::os::fd::FromRawFd;
+        let (mut a, mut b) = ([0i32; 2], [0i32; 2]);
+        // SAFETY: pipe(2) into two local arrays; each fd is owned by exactly one File below.
+        unsafe {
+            if libc::pipe(a.as_mut_ptr()) != 0 || libc::pipe(b.as_mut_ptr()) != 0 {
+                return Err("pipe failed".into());
+            }
+            let f = |fd| std::fs::File::from_raw_fd(fd);
+            Ok((Link { rd: f(a[0]), wr: f(b[1]) }, Link { rd: f(b[0]), wr: f(a[1]) }))
+        }
+    }
+
+    /// Tells the other side that a step is done.
+    pub fn signal(&mut self) {
+        let _ = std::io::Write::write_all(&mut self.wr, b"x");
+    }
+
+    /// Waits for the other side's next step; false if it went away instead.
+    pub fn wait(&mut self) -> bool {
+        let mut b = [0u8; 1];
+        std::io::Read::read_exact(&mut self.rd, &mut b).is_ok()
+    }
+}

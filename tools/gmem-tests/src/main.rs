@@ -10,8 +10,10 @@ mod t_advise;
 mod t_bad;
 mod t_basic;
 mod t_core;
+mod t_limits;
 mod t_overcommit;
 mod t_proc;
+mod t_unplug;
 
 use harness::Test;
 
@@ -22,7 +24,9 @@ fn all_tests() -> Vec<Test> {
     v.extend(t_advise::tests());
     v.extend(t_bad::tests());
     v.extend(t_overcommit::tests());
-    v.extend(t_proc::tests()); // last: reloads the simulated driver
+    v.extend(t_limits::tests());
+    v.extend(t_proc::tests()); // reloads the simulated driver
+    v.extend(t_unplug::tests()); // last: reload the driver under pressure and races
     v
 }
 

@@ -23,6 +23,8 @@ pub const GMEM_ADVF_ASYNC: u32 = 1;
 pub const GMEM_LOC_NONE: u32 = 0;
 pub const GMEM_LOC_HOST: u32 = 1;
 pub const GMEM_LOC_DEVICE: u32 = 2;
+/// The data could not be saved when its device went away: accesses fail until DONTNEED.
+pub const GMEM_LOC_LOST: u32 = 3;
 pub const GMEM_Q_PINNED: u32 = 1 << 16;
 pub const GMEM_Q_DIRTY: u32 = 1 << 17;
 pub const GMEM_Q_DUP: u32 = 1 << 18;

@@ -1,0 +1,295 @@
+// SPDX-License-Identifier: GPL-2.0
+//! Device unplug (rmmod of the simulated driver) while processes hold data on it, under
+//! memory pressure and racing process exit. Each test reloads the driver, so these run last.
+//! What is checked: no process ever reads another's data, no frame is freed twice, pages
+//! that cannot be saved become *lost* (SIGBUS / EIO / QUERY says so) instead of pointing at
+//! whatever the next device puts there, and no driver callback runs after unregistration
+//! (the kernel log's unregister line, and KASAN on the debug kernel).
+
+use crate::harness::{on_signal, sh, words, Link, Test, TestResult};
+use crate::{ensure, ok};
+use libgmem::sim::Sim;
+use libgmem::*;
+use std::process::Command;
+
+const CGROOT: &str = "/sys/fs/cgroup";
+const INSMOD: &str = "insmod /lib/gmem/gmem_sim.ko nr_devices=2 mem_mib=16";
+
+/// The kernel log since the last `take_log` (the console keeps everything; the ring is
+/// cleared so that each scenario sees only its own lines).
+fn take_log() -> std::result::Result<String, String> {
+    let out = Command::new("dmesg").arg("-c").output().map_err(|e| format!("dmesg: {e}"))?;
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn cgroup(name: &str) -> std::result::Result<String, String> {
+    sh(&format!("grep -q ' {CGROOT} ' /proc/mounts || mount -t cgroup2 none {CGROOT}"))?;
+    sh(&format!("echo +memory > {CGROOT}/cgroup.subtree_control && mkdir -p {CGROOT}/{name}"))?;
+    Ok(format!("{CGROOT}/{name}"))
+}
+
+fn pattern(tag: u32, i: usize) -> u32 {
+    tag.wrapping_add(i as u32)
+}
+
+/// Issue item 1: process A has 8 MiB of dirty data on device 0; the driver is removed by a
+/// task in a memory cgroup far too small to hold A's data; the driver comes back and process
+/// B fills 8 MiB of its own. A must read exactly its own data (host pages for A's data are
+/// charged to A, not to the task that unplugs), and no frame is freed twice.
+fn unplug_in_small_cgroup_keeps_data_and_identity() -> TestResult {
+    let cg = cgroup("gmem_rmmod")?;
+    let _ = take_log()?;
+    let g = Gmem::open().map_err(|e| e.to_string())?;
+    let a = ok!(g.alloc(8 << 20));
+    {
+        let s0 = Sim::open(0).map_err(|e| e.to_string())?;
+        ok!(s0.fill(a.addr, a.len as u64, 0xA000_0000));
+        let q = ok!(a.query());
+        ensure!(q.iter().all(|w| q_loc(*w) == GMEM_LOC_DEVICE && q_dev(*w) == 0), "A's data is not all on device 0");
+    }
+    sh(&format!("sh -c 'echo 2M > {cg}/memory.max && echo $$ > {cg}/cgroup.procs && exec rmmod gmem_sim'"))?;
+    sh(INSMOD)?;
+    let (mut me, mut peer) = Link::pair()?;
+    // SAFETY: fork; the child only runs B's scenario and exits.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        drop(me);
+        let code = (|| {
+            let (Ok(g), Ok(s0)) = (Gmem::open(), Sim::open(0)) else { return 10 };
+            let Ok(b) = g.alloc(8 << 20) else { return 11 };
+            if s0.fill(b.addr, b.len as u64, 0xB000_0000).is_err() {
+                return 12;
+            }
+            peer.signal();
+            // Keep B's data on the device until A has looked.
+            peer.wait();
+            0
+        })();
+        // SAFETY: leaving the forked child.
+        unsafe { libc::_exit(code) };
+    }
+    drop(peer);
+    let b_ready = me.wait();
+    let w = words(&a);
+    let (mut foreign, mut wrong) = (0usize, 0usize);
+    for (i, &x) in w.iter().enumerate() {
+        if x != pattern(0xA000_0000, i) {
+            wrong += 1;
+            foreign += usize::from(x.wrapping_sub(0xB000_0000) < (8 << 20) / 4);
+        }
+    }
+    me.signal();
+    let mut status = 0;
+    // SAFETY: reaping our child.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    let _ = sh(&format!("rmdir {cg}"));
+    let log = take_log()?;
+    ensure!(b_ready, "process B failed before filling (status {status:#x})");
+    ensure!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "process B failed: status {status:#x}");
+    ensure!(foreign == 0, "A read B's data on {foreign} words");
+    ensure!(wrong == 0, "A's data wrong on {wrong} words");
+    ensure!(!log.contains("bad frame free"), "double frame free in the kernel log:\n{log}");
+    ensure!(!log.contains("still in use"), "unregister left frames in use:\n{log}");
+    Ok(())
+}
+
+/// A CPU access to a lost page ends the process here with a code the parent recognises.
+extern "C" fn sigbus_on_lost(_sig: i32) {
+    // SAFETY: async-signal-safe exit.
+    unsafe { libc::_exit(42) };
+}
+
+/// The data of a process whose own memory cgroup cannot hold it when its device goes away:
+/// evacuation retries, then marks what it cannot save *lost* (no frame, no stale device
+/// reference). QUERY shows LOST, a device access fails with EIO, a CPU access gets SIGBUS,
+/// DONTNEED turns the page back into zeros, the saved pages hold their data, and the kernel
+/// log and debugfs count the loss.
+fn unplug_lost_pages_are_reported_not_reused() -> TestResult {
+    let cg = cgroup("gmem_lost")?;
+    let _ = take_log()?;
+    let (mut me, mut peer) = Link::pair()?;
+    let cgp = cg.clone();
+    // SAFETY: fork; the child runs process A's side and exits.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        drop(me);
+        let code = (|| -> i32 {
+            if std::fs::write(format!("{cgp}/cgroup.procs"), std::process::id().to_string()).is_err() {
+                return 10;
+            }
+            let (Ok(g), Ok(s0)) = (Gmem::open(), Sim::open(0)) else { return 11 };
+            let Ok(a) = g.alloc(8 << 20) else { return 12 };
+            // Page tables for the CPU side exist before the squeeze (one touch per 2 MiB).
+            for off in (0..a.len).step_by(2 << 20) {
+                // SAFETY: writing inside our own mapped region.
+                unsafe { std::ptr::write_volatile((a.addr as usize + off) as *mut u32, 0) };
+            }
+            if s0.fill(a.addr, a.len as u64, 0xC000_0000).is_err() {
+                return 13;
+            }
+            drop(s0);
+            // Written now (not zero: a zeroed allocation may be untouched mmap memory), so its
+            // pages exist before the squeeze.
+            let mut states = vec![u32::MAX; a.pages()];
+            let mut q = GmemQuery { argsz: argsz::<GmemQuery>(), addr: a.addr, npages: a.pages() as u64, ..Default::default() };
+            q.states = states.as_mut_ptr() as u64;
+            on_signal(libc::SIGBUS, sigbus_on_lost as *const () as usize, false);
+            // Everything needed at the limit is prepared now (a heap allocation there could
+            // rightly invoke the memory cgroup's OOM killer).
+            // The limit file is opened now: opening it at the limit would need a charged
+            // `struct file`. Each write(2) sets the limit anew.
+            let Ok(mut maxf) = std::fs::OpenOptions::new().write(true).open(format!("{cgp}/memory.max")) else { return 27 };
+            // Room for about 1 MiB more than now: most of the 8 MiB cannot come home.
+            let Ok(cur) = std::fs::read_to_string(format!("{cgp}/memory.current")) else { return 14 };
+            let Ok(cur) = cur.trim().parse::<u64>() else { return 15 };
+            if std::io::Write::write_all(&mut maxf, (cur + (1 << 20)).to_string().as_bytes()).is_err() {
+                return 16;
+            }
+            peer.signal();
+            // The parent removes the driver now (from outside the cgroup) and reloads it.
+            if !peer.wait() {
+                return 17;
+            }
+            if g.ioctl(GMEM_IOC_QUERY, &mut q).is_err() {
+                return 18;
+            }
+            let _ = std::io::Write::write_all(&mut maxf, b"max");
+            let lost: Vec<usize> = (0..states.len()).filter(|&i| q_loc(states[i]) == GMEM_LOC_LOST).collect();
+            let host = states.iter().filter(|w| q_loc(**w) == GMEM_LOC_HOST).count();
+            if lost.is_empty() || lost.len() + host != states.len() {
+                eprintln!("after unplug: {} lost, {host} on the host, {} pages", lost.len(), states.len());
+                return 19;
+            }
+            let w = words(&a);
+            for i in 0..states.len() {
+                if q_loc(states[i]) == GMEM_LOC_HOST && w[i * 1024 + 5] != pattern(0xC000_0000, i * 1024 + 5) {
+                    eprintln!("saved page {i} holds {:#x}", w[i * 1024 + 5]);
+                    return 20;
+                }
+            }
+            // A device access to a lost page fails with EIO.
+            let Ok(s0) = Sim::open(0) else { return 21 };
+            let p = a.addr + lost[0] as u64 * 4096;
+            if !matches!(s0.checksum(p, 4096), Err(Errno(e)) if e == libc::EIO) {
+                return 22;
+            }
+            // DONTNEED makes it an ordinary, never-touched page again.
+            if g.advise(p, 4096, GMEM_ADV_DONTNEED, GMEM_NO_DEVICE, 0).is_err() {
+                return 23;
+            }
+            if !matches!(g.query(p, 1).as_deref(), Ok([w]) if q_loc(*w) == GMEM_LOC_NONE) || w[lost[0] * 1024] != 0 {
+                return 24;
+            }
+            if lost.len() < 2 {
+                return 25;
+            }
+            // Last: a CPU read of another lost page must raise SIGBUS (the handler exits 42).
+            // SAFETY: reading our own mapped region; SIGBUS is handled above.
+            let v = unsafe { std::ptr::read_volatile((a.addr as usize + lost[1] * 4096) as *const u32) };
+            eprintln!("read {v:#x} from a lost page without SIGBUS");
+            26
+        })();
+        // SAFETY: leaving the forked child.
+        unsafe { libc::_exit(code) };
+    }
+    drop(peer);
+    let ready = me.wait();
+    let unplug = if ready { sh("rmmod gmem_sim").and_then(|_| sh(INSMOD)) } else { Ok(()) };
+    let spaces = std::fs::read_to_string("/sys/kernel/debug/gmem/spaces").unwrap_or_default();
+    me.signal();
+    let mut status = 0;
+    // SAFETY: reaping our child.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    let _ = sh(&format!("rmdir {cg}"));
+    let log = take_log()?;
+    unplug?;
+    let code = if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { 128 + libc::WTERMSIG(status) };
+    ensure!(code == 42, "process A: exit code {code} (42 = every check passed, SIGBUS on the lost page)");
+    let line = spaces.lines().find(|l| l.contains(&format!("pid={pid} "))).unwrap_or("");
+    let lost_now: u64 = line.split_whitespace().find_map(|w| w.strip_prefix("lost=")?.parse().ok()).unwrap_or(0);
+    ensure!(lost_now > 0, "debugfs does not show A's lost pages: {line:?}");
+    ensure!(log.contains(&format!("of process {pid} ")) && log.contains("lost"), "no kernel log line names the loss:\n{log}");
+    ensure!(!log.contains("bad frame free") && !log.contains("still in use"), "frames mishandled:\n{log}");
+    Ok(())
+}
+
+/// Iterations of the kill-vs-rmmod race (issue item 2 asks for at least 50).
+const RACE_ITERATIONS: usize = 50;
+
+/// Issue item 2: a process with device-resident pages is SIGKILLed while the driver is being
+/// removed. Unregistration must find every page (teardown empties a region before it leaves
+/// the tree), destroy every context only after the last callback, and free every frame.
+fn kill_races_rmmod() -> TestResult {
+    let raced = race_kill_and_rmmod();
+    // Whatever happened, the driver is back with its usual parameters for what follows.
+    let _ = sh("rmmod gmem_sim 2>/dev/null");
+    sh(INSMOD)?;
+    raced?;
+    let g = Gmem::open().map_err(|e| e.to_string())?;
+    ensure!(ok!(g.version()).nr_devices == 2, "devices not back after the race");
+    // The reloaded device works: data written by it reads back on the CPU.
+    let r = ok!(g.alloc(1 << 20));
+    ok!(Sim::open(0).map_err(|e| Errno(e.raw_os_error().unwrap_or(libc::EIO))).and_then(|s| s.fill(r.addr, r.len as u64, 9)));
+    ensure!(words(&r).iter().enumerate().all(|(i, &x)| x == pattern(9, i)), "reloaded device wrote wrong data");
+    Ok(())
+}
+
+fn race_kill_and_rmmod() -> TestResult {
+    let _ = take_log()?;
+    sh("rmmod gmem_sim")?;
+    let small = "insmod /lib/gmem/gmem_sim.ko nr_devices=2 mem_mib=4";
+    for it in 0..RACE_ITERATIONS {
+        sh(small)?;
+        let (mut me, mut peer) = Link::pair()?;
+        // SAFETY: fork; the child fills device memory, reports, then waits to be killed.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            drop(me);
+            let ok = (|| {
+                let g = Gmem::open().ok()?;
+                let (r, r2) = (g.alloc(2 << 20).ok()?, g.alloc(1 << 20).ok()?);
+                let (s0, s1) = (Sim::open(0).ok()?, Sim::open(1).ok()?);
+                s0.fill(r.addr, r.len as u64, it as u32).ok()?;
+                s1.fill(r2.addr, r2.len as u64, 7).ok()?;
+                r.leak();
+                r2.leak();
+                // The sim files close now, so nothing pins the driver: its removal races the
+                // teardown of this process's regions in exit_mmap.
+                drop((s0, s1));
+                std::mem::forget(g);
+                Some(())
+            })();
+            if ok.is_some() {
+                peer.signal();
+            }
+            loop {
+                // SAFETY: plain pause(2).
+                unsafe { libc::pause() };
+            }
+        }
+        drop(peer);
+        let ready = me.wait();
+        // SAFETY: SIGKILL to our own child; rmmod races its exit.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        let rm = sh("rmmod gmem_sim");
+        let mut status = 0;
+        // SAFETY: reaping our child.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        ensure!(ready, "iteration {it}: child failed to fill device memory");
+        ensure!(rm.is_ok(), "iteration {it}: rmmod never succeeded");
+        let log = take_log()?;
+        ensure!(
+            !log.contains("still in use") && !log.contains("bad frame free"),
+            "iteration {it}: unregister raced teardown:\n{log}"
+        );
+    }
+    Ok(())
+}
+
+pub fn tests() -> Vec<Test> {
+    vec![
+        Test { name: "unplug_in_small_cgroup_keeps_data_and_identity", f: unplug_in_small_cgroup_keeps_data_and_identity },
+        Test { name: "unplug_lost_pages_are_reported_not_reused", f: unplug_lost_pages_are_reported_not_reused },
+        Test { name: "kill_races_rmmod", f: kill_races_rmmod },
+    ]
+}
