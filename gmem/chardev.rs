@@ -319,6 +319,9 @@ impl MiscDevice for GmemFile {
         let region = Region::new(me.space.clone(), vma.start(), len / PAGE_SIZE, pending.map_or(0, |p| p.advice))?;
         me.space.insert_region(region.clone())?;
         vma.set_mixedmap();
+        // No GUP on GMEM memory (see access.rs): a pinned host page would be decoupled from
+        // the data as soon as the page migrates. ptrace and /proc/PID/mem use `.access`.
+        vma.set_io();
         vma.set_dontexpand();
         vma.set_dontcopy();
         vma.set_dontdump();

@@ -34,6 +34,7 @@ pub(crate) static VM_OPS: bindings::vm_operations_struct = bindings::vm_operatio
     may_split: Some(vm_may_split),
     mremap: Some(vm_mremap),
     fault: Some(vm_fault),
+    access: Some(vm_access),
     // SAFETY: all-zero is a valid `vm_operations_struct` (every other callback absent).
     ..unsafe { core::mem::zeroed() }
 };
@@ -81,6 +82,20 @@ unsafe extern "C" fn vm_close(vma: *mut bindings::vm_area_struct) {
 /// Partial munmap/mprotect splits are refused: a region lives and dies whole.
 unsafe extern "C" fn vm_may_split(_vma: *mut bindings::vm_area_struct, _addr: c_ulong) -> c_int {
     EINVAL.to_errno()
+}
+
+/// ptrace / `/proc/PID/mem` access: GUP refuses GMEM VMAs (`VM_IO`), so the kernel asks
+/// us (`access.rs`). Returns the bytes copied (within one page) or a negative errno.
+unsafe extern "C" fn vm_access(vma: *mut bindings::vm_area_struct, addr: c_ulong, buf: *mut c_void, len: c_int, write: c_int) -> c_int {
+    let Ok(len) = usize::try_from(len) else { return EINVAL.to_errno() };
+    // SAFETY: `vma` is a live GMEM VMA (these ops are only installed on ours).
+    let region: Arc<Region> = unsafe { region_of(vma) }.into();
+    // SAFETY: `access_remote_vm` passes a kernel buffer of `len` bytes.
+    match unsafe { crate::access::access(&region, addr as usize, buf.cast(), len, write != 0) } {
+        // At most one page: fits in a `c_int`.
+        Ok(n) => n as c_int,
+        Err(e) => e.to_errno(),
+    }
 }
 
 /// Regions do not move.

@@ -7,6 +7,7 @@
 //! - `region`   — one allocation: per-page residency (16 bytes/page), advice
 //! - `meta`     — failable zero-filled per-page metadata arrays
 //! - `fault`    — where faults go: CPU `.fault` handler and `gmem_dev_fault()` batches
+//! - `access`   — ptrace / /proc/PID/mem access (GMEM VMAs refuse GUP: VM_IO)
 //! - `host_page`— host pages: memcg-charged, fail instead of OOM-killing
 //! - `migrate`  — carries out the page-state machine's decisions (copy, map, unmap, free)
 //! - `advise`   — GMEM_IOC_ADVISE: hints, prefetch/pin/dontneed, async fences
@@ -31,6 +32,7 @@ use kernel::{
 
 #[path = "../include/rust/gmem_abi.rs"]
 mod abi;
+mod access;
 mod advise;
 mod chardev;
 mod debugfs;

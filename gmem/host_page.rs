@@ -47,13 +47,41 @@ impl HostPage {
 
     /// Fills the page with zeros.
     pub(crate) fn zero(&self) {
-        // SAFETY: the page is valid (invariant); the mapping covers one page and is
-        // released before return.
-        unsafe {
-            let a = bindings::kmap_local_page(self.as_ptr());
-            core::ptr::write_bytes(a.cast::<u8>(), 0, crate::region::PAGE_SIZE);
-            bindings::kunmap_local(a);
-        }
+        let m = self.map();
+        // SAFETY: the mapping covers one page.
+        unsafe { core::ptr::write_bytes(m.ptr(), 0, crate::region::PAGE_SIZE) };
+    }
+
+    /// The page mapped into the kernel's address space while the guard lives.
+    pub(crate) fn map(&self) -> Mapped<'_> {
+        // SAFETY: the page is valid (invariant) and outlives the guard (borrow).
+        let addr = unsafe { bindings::kmap_local_page(self.as_ptr()) }.cast::<u8>();
+        // INVARIANT: from `kmap_local_page` of a page the guard borrows.
+        Mapped { addr, _page: core::marker::PhantomData }
+    }
+}
+
+/// A local kernel mapping of a [`HostPage`].
+///
+/// # Invariants
+/// `addr` is `kmap_local_page` of the borrowed page; guards are locals, dropped in reverse
+/// order of creation, as kmap_local requires.
+pub(crate) struct Mapped<'a> {
+    addr: *mut u8,
+    _page: core::marker::PhantomData<&'a HostPage>,
+}
+
+impl Mapped<'_> {
+    /// Start of the page's `PAGE_SIZE` bytes.
+    pub(crate) fn ptr(&self) -> *mut u8 {
+        self.addr
+    }
+}
+
+impl Drop for Mapped<'_> {
+    fn drop(&mut self) {
+        // SAFETY: `addr` came from `kmap_local_page` (invariant).
+        unsafe { bindings::kunmap_local(self.addr.cast()) };
     }
 }
 

@@ -10,6 +10,7 @@ mod t_advise;
 mod t_bad;
 mod t_basic;
 mod t_core;
+mod t_gup;
 mod t_limits;
 mod t_overcommit;
 mod t_proc;
@@ -21,6 +22,7 @@ fn all_tests() -> Vec<Test> {
     let mut v = Vec::new();
     v.extend(t_basic::tests());
     v.extend(t_core::tests());
+    v.extend(t_gup::tests());
     v.extend(t_advise::tests());
     v.extend(t_bad::tests());
     v.extend(t_overcommit::tests());

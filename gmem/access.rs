@@ -1,0 +1,48 @@
+// SPDX-License-Identifier: GPL-2.0
+//! Access to GMEM memory by another task's kernel path: ptrace (PEEKDATA/POKEDATA) and
+//! `/proc/PID/mem`, through the VMA's `.access` callback.
+//!
+//! The GUP decision (Documentation/design.rst, "Pinned I/O"): GMEM VMAs are `VM_IO`, so
+//! `get_user_pages` and long-term pins refuse them (`EFAULT`): O_DIRECT, io_uring fixed
+//! buffers, vmsplice, RDMA registration and `process_vm_readv` cannot take a reference on
+//! a host page that GMEM may drop or replace when the page migrates. `access_remote_vm`
+//! falls back to `.access` when GUP refuses, so debuggers still read and write the right
+//! data: like a CPU access, it brings the page home (copying from a device if needed) and
+//! copies through the kernel mapping of the host page, under the region's page lock.
+
+use crate::migrate::{self, Env};
+use crate::policy::page_state::{transition, Event};
+use crate::region::{Region, PAGE_SIZE};
+use kernel::{prelude::*, sync::Arc};
+
+/// Copies up to `len` bytes at `addr` (never past the end of its page) between the
+/// region's memory and the kernel buffer `buf`; returns the byte count.
+///
+/// # Safety
+/// `buf` must be valid for `len` bytes of reads (write) or writes (read).
+pub(crate) unsafe fn access(region: &Arc<Region>, addr: usize, buf: *mut u8, len: usize, write: bool) -> Result<usize> {
+    let i = region.index(addr).ok_or(EFAULT)?;
+    let off = addr % PAGE_SIZE;
+    let n = core::cmp::min(len, PAGE_SIZE - off);
+    let mut p = region.pages.lock();
+    if p.dead {
+        return Err(EFAULT);
+    }
+    let s = p.state(i);
+    // The same transition as a CPU fault (duplicates collapse: the host copy becomes the
+    // only one). A page pinned on a device, or lost, is refused as it is for the CPU.
+    let (next, a) = transition(s, Event::CpuFault { write: write || s.dup_mask() != 0 }).map_err(migrate::refusal_errno)?;
+    migrate::apply(&Env::access(region, None), &mut p, i, next, &a)?;
+    let page = p.host[i].as_ref().ok_or(EFAULT)?;
+    let m = page.map();
+    // SAFETY: the mapping covers the page and `off + n <= PAGE_SIZE`; `buf` is valid for
+    // `n <= len` bytes by the caller's contract; the page is held under the page lock.
+    unsafe {
+        if write {
+            core::ptr::copy_nonoverlapping(buf.cast_const(), m.ptr().add(off), n);
+        } else {
+            core::ptr::copy_nonoverlapping(m.ptr().add(off).cast_const(), buf, n);
+        }
+    }
+    Ok(n)
+}
