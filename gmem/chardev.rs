@@ -220,20 +220,26 @@ impl GmemFile {
         if a.flags & advise::FLAG_ASYNC != 0 {
             // Bad ranges fail here, synchronously; only the data movement is deferred.
             advise::check_range(&self.space, &advice)?;
-            let mut fences = self.fences.lock();
-            if fences.list.len() >= MAX_FENCES {
-                return Err(EBUSY);
-            }
-            fences.list.reserve(1, GFP_KERNEL)?;
-            let id = fences.next;
-            let f = Fence::start(id, self.space.clone(), advice)?;
-            fences.next += 1;
-            fences.list.push(f, GFP_KERNEL)?;
-            a.fence = id;
+            a.fence = {
+                let mut fences = self.fences.lock();
+                if fences.list.len() >= MAX_FENCES {
+                    return Err(EBUSY);
+                }
+                fences.list.reserve(1, GFP_KERNEL)?;
+                let id = fences.next;
+                let f = Fence::start(id, self.space.clone(), advice)?;
+                fences.next += 1;
+                fences.list.push(f, GFP_KERNEL)?;
+                id
+            };
+            // With no lock held (the struct may lie in a GMEM region and fault).
+            w.write(&a)
         } else {
-            advise::advise(&self.space, &advice)?;
+            // Written back before the advice runs: the argument struct may lie in the very
+            // range being pinned or moved, and must not be reached through it afterwards.
+            w.write(&a)?;
+            advise::advise(&self.space, &advice)
         }
-        w.write(&a)
     }
 
     fn wait(&self, arg: usize) -> Result {
@@ -308,7 +314,8 @@ impl MiscDevice for GmemFile {
         }
         // SAFETY: the VMA is being set up by mmap under the mmap write lock.
         let pgoff = unsafe { (*vma.as_ptr()).vm_pgoff };
-        if pgoff != 0 || vma.flags() & vmflags::SHARED == 0 {
+        // A read-only shared mapping of an O_RDONLY fd has VM_MAYSHARE without VM_SHARED.
+        if pgoff != 0 || vma.flags() & (vmflags::SHARED | vmflags::MAYSHARE) == 0 {
             return Err(EINVAL);
         }
         let len = vma.end() - vma.start();

@@ -129,13 +129,20 @@ const unsigned long gmem_c_kernel_layout[] = {
 	offsetof(struct vm_area_struct, vm_mm),
 	offsetof(struct vm_area_struct, vm_ops),
 	offsetof(struct vm_area_struct, vm_private_data),
-	offsetof(struct vm_area_struct, vm_file),
+	offsetof(struct vm_area_struct, vm_pgoff),
 	sizeof(struct vm_operations_struct),
-	offsetof(struct vm_operations_struct, fault),
+	offsetof(struct vm_operations_struct, open),
 	offsetof(struct vm_operations_struct, close),
+	offsetof(struct vm_operations_struct, may_split),
+	offsetof(struct vm_operations_struct, mremap),
+	offsetof(struct vm_operations_struct, fault),
+	offsetof(struct vm_operations_struct, access),
 	sizeof(struct vm_fault),
-	offsetof(struct vm_fault, page),
+	offsetof(struct vm_fault, vma),
+	offsetof(struct vm_fault, address),
+	offsetof(struct vm_fault, flags),
 	offsetof(struct file, private_data),
+	sizeof(struct file),
 };
 const unsigned long gmem_c_kernel_layout_len = ARRAY_SIZE(gmem_c_kernel_layout);
 

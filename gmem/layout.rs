@@ -18,7 +18,7 @@ extern "C" {
     static gmem_c_abi_layout_len: usize;
 }
 
-const KERNEL_NAMES: [&str; 14] = [
+const KERNEL_NAMES: [&str; 21] = [
     "sizeof(task_struct)",
     "task_struct.mm",
     "sizeof(mm_struct)",
@@ -26,17 +26,26 @@ const KERNEL_NAMES: [&str; 14] = [
     "vm_area_struct.vm_mm",
     "vm_area_struct.vm_ops",
     "vm_area_struct.vm_private_data",
-    "vm_area_struct.vm_file",
+    "vm_area_struct.vm_pgoff",
     "sizeof(vm_operations_struct)",
-    "vm_operations_struct.fault",
+    "vm_operations_struct.open",
     "vm_operations_struct.close",
+    "vm_operations_struct.may_split",
+    "vm_operations_struct.mremap",
+    "vm_operations_struct.fault",
+    "vm_operations_struct.access",
     "sizeof(vm_fault)",
-    "vm_fault.page",
+    "vm_fault.vma",
+    "vm_fault.address",
+    "vm_fault.flags",
     "file.private_data",
+    "sizeof(file)",
 ];
 
-/// Rust's view, in the order of `gmem_c_kernel_layout[]` in gmem_export.c.
-const KERNEL_LAYOUT: [usize; 14] = [
+/// Rust's view, in the order of `gmem_c_kernel_layout[]` in gmem_export.c. Every field the
+/// module reads or writes through bindgen's structs is here (the miscdevice abstraction
+/// compiled into this module reads `file.private_data`); fields nobody uses are not.
+const KERNEL_LAYOUT: [usize; 21] = [
     size_of::<bindings::task_struct>(),
     offset_of!(bindings::task_struct, mm),
     size_of::<bindings::mm_struct>(),
@@ -44,13 +53,20 @@ const KERNEL_LAYOUT: [usize; 14] = [
     offset_of!(bindings::vm_area_struct, vm_mm),
     offset_of!(bindings::vm_area_struct, vm_ops),
     offset_of!(bindings::vm_area_struct, vm_private_data),
-    offset_of!(bindings::vm_area_struct, vm_file),
+    offset_of!(bindings::vm_area_struct, vm_pgoff),
     size_of::<bindings::vm_operations_struct>(),
-    offset_of!(bindings::vm_operations_struct, fault),
+    offset_of!(bindings::vm_operations_struct, open),
     offset_of!(bindings::vm_operations_struct, close),
+    offset_of!(bindings::vm_operations_struct, may_split),
+    offset_of!(bindings::vm_operations_struct, mremap),
+    offset_of!(bindings::vm_operations_struct, fault),
+    offset_of!(bindings::vm_operations_struct, access),
     size_of::<bindings::vm_fault>(),
-    offset_of!(bindings::vm_fault, page),
+    offset_of!(bindings::vm_fault, __bindgen_anon_1) + offset_of!(bindings::vm_fault__bindgen_ty_1, vma),
+    offset_of!(bindings::vm_fault, __bindgen_anon_1) + offset_of!(bindings::vm_fault__bindgen_ty_1, address),
+    offset_of!(bindings::vm_fault, flags),
     offset_of!(bindings::file, private_data),
+    size_of::<bindings::file>(),
 ];
 
 /// Compares one table; returns the number of mismatches (each is logged).

@@ -37,6 +37,10 @@ pub(crate) fn apply(text: &str) -> Result {
     let mut dev = None;
     let (mut low, mut high) = (None, None);
     let mut sets: KVec<(&str, &str)> = KVec::new();
+    if text.split_whitespace().next().is_none() {
+        // Nothing to apply (empty or only whitespace): documented as EINVAL.
+        return Err(EINVAL);
+    }
     for word in text.split_whitespace() {
         let (k, v) = word.split_once('=').ok_or(EINVAL)?;
         match k {
