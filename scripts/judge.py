@@ -27,6 +27,8 @@ BAD = [
      "lockdep/atomic-sleep report"),
     (re.compile(r"unreferenced object 0x"), "kmemleak report"),
     (re.compile(r"LAYOUT MISMATCH"), "bindgen layout mismatch"),
+    # GMEM promises never to make the kernel OOM-kill anything (global or memcg).
+    (re.compile(r"[Oo]ut of memory: Killed process"), "OOM kill"),
     (re.compile(r"^\[guest\] TIMEOUT"), "guest timeout"),
 ]
 GLUED_NOT_OK = re.compile(r"\[\s*\d+\.\d+\]\s+not ok \d+ (\S+)")
@@ -35,6 +37,9 @@ SUBTEST = re.compile(r"^\s*# Subtest: (\S+)")
 # Searched anywhere in a line: the serial console can glue a kernel message onto a guest
 # line ("GMEM-UTEST ok insmod_gmem_sim[    1.06] ok 1 ..."); a result must never be lost.
 UTEST = re.compile(r"GMEM-UTEST (ok|not ok) ([A-Za-z0-9_.-]+)(?: # (.*))?")
+# The test runner announces every test before running any: a runner killed part way
+# (OOM killer, crash) must not make the tests it never reported look clean.
+PLAN = re.compile(r"GMEM-UTEST-PLAN ((?:[A-Za-z0-9_.-]+ ?)+)$")
 CARGO = re.compile(r"^test result: \w+\. (\d+) passed; (\d+) failed")
 CARGO_FAIL = re.compile(r"^test (\S+) \.\.\. FAILED")
 
@@ -47,6 +52,7 @@ def judge_console(path, expect_suites, res):
         return
     suite_stack = []
     seen_suites = set()
+    planned, reported = [], set()
     ended = False
     for raw in lines:
         line = TS.sub("", raw)
@@ -63,8 +69,13 @@ def judge_console(path, expect_suites, res):
             suite_stack.append((indent, m.group(1)))
             seen_suites.add(m.group(1))
             continue
+        m = PLAN.search(line)
+        if m:
+            planned.extend(m.group(1).split())
+            continue
         m = UTEST.search(line)
         if m:
+            reported.add(m.group(2))
             name = "guest/" + m.group(2)
             if m.group(1) == "ok":
                 res["pass"].append(name)
@@ -93,6 +104,9 @@ def judge_console(path, expect_suites, res):
                 suite_stack.pop()
         if line.strip() == "GMEM-RUN-END":
             ended = True
+    for t in planned:
+        if t not in reported:
+            res["fail"].append((f"guest/{t}", "planned but never reported (test runner died?)"))
     for s in expect_suites:
         if s not in seen_suites:
             res["fail"].append((f"kunit/{s}", "expected KUnit suite did not run"))

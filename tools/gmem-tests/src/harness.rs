@@ -59,8 +59,25 @@ fn report(ok: bool, name: &str, why: &str) {
     let _ = out.flush();
 }
 
+/// Sets this process's OOM score adjustment (`/proc/self/oom_score_adj`).
+fn oom_score_adj(v: i32) {
+    let _ = std::fs::write("/proc/self/oom_score_adj", v.to_string());
+}
+
 /// Runs every test in its own child process; returns the number of failures.
+///
+/// The runner first announces the whole plan (`GMEM-UTEST-PLAN name...`) and makes itself
+/// the OOM killer's last choice, so that a test whose memory use goes wrong fails alone
+/// (the judge also fails the run on any OOM kill) instead of killing the runner and
+/// silencing every later result.
 pub fn run(tests: &[Test]) -> usize {
+    let names: Vec<&str> = tests.iter().map(|t| t.name).collect();
+    {
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "GMEM-UTEST-PLAN {}", names.join(" "));
+        let _ = out.flush();
+    }
+    oom_score_adj(-1000);
     let mut failed = 0;
     for t in tests {
         let _ = std::io::stdout().flush();
@@ -75,6 +92,8 @@ pub fn run(tests: &[Test]) -> usize {
             let pid = libc::fork();
             if pid == 0 {
                 libc::close(fds[0]);
+                // Tests are ordinary processes again for the OOM killer.
+                oom_score_adj(0);
                 // A hung test fails alone (SIGALRM) instead of hanging the whole run.
                 libc::alarm(TEST_TIMEOUT_S);
                 let msg = match std::panic::catch_unwind(t.f) {
@@ -224,4 +243,35 @@ impl Link {
         let mut b = [0u8; 1];
         std::io::Read::read_exact(&mut self.rd, &mut b).is_ok()
     }
+}
+
+/// Forks a child that runs `setup` and then waits to be killed. Returns the child's pid
+/// once `setup` has finished, and whether it succeeded.
+pub fn parked_child(setup: impl FnOnce() -> bool) -> Result<(i32, bool), String> {
+    let (mut me, mut peer) = Link::pair()?;
+    // SAFETY: fork; the child only runs `setup`, reports, and sleeps until killed.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        drop(me);
+        if setup() {
+            peer.signal();
+        }
+        loop {
+            // SAFETY: plain pause(2).
+            unsafe { libc::pause() };
+        }
+    }
+    drop(peer);
+    Ok((pid, me.wait()))
+}
+
+/// SIGKILLs our child `pid` and reaps it; returns its wait status.
+pub fn kill_and_reap(pid: i32) -> i32 {
+    let mut status = 0;
+    // SAFETY: signalling and reaping our own child.
+    unsafe {
+        libc::kill(pid, libc::SIGKILL);
+        libc::waitpid(pid, &mut status, 0);
+    }
+    status
 }

@@ -4,7 +4,7 @@
 //! evicts and succeeds instead of failing spuriously (item 9); a killed process's queued
 //! prefetches stop promptly (item 10).
 
-use crate::harness::{open, Test, TestResult};
+use crate::harness::{kill_and_reap, open, parked_child, Test, TestResult};
 use crate::t_overcommit::counter;
 use crate::{ensure, expect_errno, ok};
 use libgmem::*;
@@ -14,30 +14,22 @@ use std::time::{Duration, Instant};
 /// 2 GiB guest; 1 TiB) fail with ENOMEM, and a bystander process that holds 32 MiB of its
 /// own memory is still alive afterwards (before the fix the global OOM killer picked it).
 fn huge_alloc_fails_without_oom_kill() -> TestResult {
-    // SAFETY: fork; the child touches 32 MiB and waits to be killed by us.
-    let bystander = unsafe { libc::fork() };
-    if bystander == 0 {
+    let (bystander, _) = parked_child(|| {
         let mut v = vec![0u8; 32 << 20];
         for i in (0..v.len()).step_by(4096) {
             v[i] = 1;
         }
         std::hint::black_box(&v);
-        loop {
-            // SAFETY: plain pause(2).
-            unsafe { libc::pause() };
-        }
-    }
-    std::thread::sleep(Duration::from_millis(300));
+        true
+    })?;
     let g = Gmem::open().map_err(|e| e.to_string())?;
     let r512 = g.alloc_raw(512 << 30, GMEM_NO_DEVICE);
     let r1t = g.alloc_raw(GMEM_MAX_ALLOC, GMEM_NO_DEVICE);
     let mut status = 0;
     // SAFETY: non-blocking check of our own child.
     let gone = unsafe { libc::waitpid(bystander, &mut status, libc::WNOHANG) };
-    // SAFETY: ending and reaping our own child.
-    unsafe {
-        libc::kill(bystander, libc::SIGKILL);
-        libc::waitpid(bystander, &mut status, 0);
+    if gone == 0 {
+        status = kill_and_reap(bystander);
     }
     ensure!(gone == 0, "the bystander died during the huge ALLOCs (status {status:#x})");
     expect_errno!(r512, libc::ENOMEM);
@@ -74,11 +66,8 @@ fn killed_process_stops_prefetching() -> TestResult {
     let (_, s) = open()?;
     let nframes = ok!(s.info()).nr_frames;
     let free_before = nframes - counter(0, "used")?;
-    let (mut me, mut peer) = crate::harness::Link::pair()?;
-    // SAFETY: fork; the child queues prefetches and waits to be killed.
-    let pid = unsafe { libc::fork() };
-    if pid == 0 {
-        let ok = (|| {
+    let (pid, ready) = parked_child(|| {
+        let queued = (|| {
             let g = Gmem::open().ok()?;
             let r = g.alloc(24 << 20).ok()?;
             for _ in 0..64 {
@@ -89,23 +78,10 @@ fn killed_process_stops_prefetching() -> TestResult {
             std::mem::forget(g);
             Some(())
         })();
-        if ok.is_some() {
-            peer.signal();
-        }
-        loop {
-            // SAFETY: plain pause(2).
-            unsafe { libc::pause() };
-        }
-    }
-    drop(peer);
-    let ready = me.wait();
+        queued.is_some()
+    })?;
     std::thread::sleep(Duration::from_millis(200));
-    let mut status = 0;
-    // SAFETY: ending and reaping our own child.
-    unsafe {
-        libc::kill(pid, libc::SIGKILL);
-        libc::waitpid(pid, &mut status, 0);
-    }
+    kill_and_reap(pid);
     ensure!(ready, "the child could not queue its prefetches");
     let at_reap = counter(0, "prefetch.pages")? + counter(1, "prefetch.pages")?;
     // Bounded wait for the frames to come back (the queued fences fail at their next chunk).
