@@ -29,6 +29,7 @@ mod abi;
 mod sim_kernels;
 mod sim_mem;
 mod sim_pt;
+mod sim_sched;
 
 use abi::*;
 use sim_kernels::{Launch, Runner};
