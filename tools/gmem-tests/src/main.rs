@@ -10,6 +10,7 @@ mod t_advise;
 mod t_bad;
 mod t_basic;
 mod t_core;
+mod t_fuzz;
 mod t_overcommit;
 mod t_proc;
 
@@ -22,6 +23,7 @@ fn all_tests() -> Vec<Test> {
     v.extend(t_advise::tests());
     v.extend(t_bad::tests());
     v.extend(t_overcommit::tests());
+    v.extend(t_fuzz::tests()); // before t_proc: needs both devices loaded throughout
     v.extend(t_proc::tests()); // last: reloads the simulated driver
     v
 }
