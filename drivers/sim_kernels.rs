@@ -293,7 +293,7 @@ impl<'a> Runner<'a> {
                 seg = core::cmp::min(seg, sub(PAGE, s & PAGE_OFFSET)?);
             }
             // `seg <= PAGE` and the offsets are below PAGE: these fit any usize, and the
-            // byte offsets `so + 4k`, `do_ + 4k` below stay within the page.
+            // words `k < words` at byte offsets `so`, `do_` stay within their pages.
             let words = usize::try_from(seg / 4).map_err(|_| EOVERFLOW)?;
             let do_ = usize::try_from(d & PAGE_OFFSET).map_err(|_| EOVERFLOW)?;
             let so = s.map(|s| usize::try_from(s & PAGE_OFFSET).map_err(|_| EOVERFLOW)).transpose()?;
@@ -301,14 +301,20 @@ impl<'a> Runner<'a> {
             self.access(d, true, s.map(|s| (s, false)), |pd, ps, scratch| {
                 // Read the source first (it may alias the destination page).
                 if let (Some(ps), Some(so)) = (ps, so) {
+                    // SAFETY: `so < PAGE_SIZE`: inside the mapped source page.
+                    let src = unsafe { ps.add(so) }.cast::<u32>();
                     for (k, slot) in scratch.iter_mut().enumerate().take(words) {
-                        // SAFETY: `so + 4k + 4 <= PAGE_SIZE` by the segment bound.
-                        *slot = unsafe { ps.add(so + 4 * k).cast::<u32>().read_unaligned() };
+                        // SAFETY: word `k < words` ends at `so + 4(k + 1) <= PAGE_SIZE` by the
+                        // segment bound.
+                        *slot = unsafe { src.add(k).read_unaligned() };
                     }
                 }
+                // SAFETY: `do_ < PAGE_SIZE`: inside the mapped destination page.
+                let dst = unsafe { pd.add(do_) }.cast::<u32>();
                 for k in 0..words {
-                    // SAFETY: `do_ + 4k + 4 <= PAGE_SIZE` by the segment bound.
-                    let p = unsafe { pd.add(do_ + 4 * k).cast::<u32>() };
+                    // SAFETY: word `k < words` ends at `do_ + 4(k + 1) <= PAGE_SIZE` by the
+                    // segment bound.
+                    let p = unsafe { dst.add(k) };
                     // SAFETY: as above.
                     let mut w = unsafe { p.read_unaligned() };
                     // A word index below `len / 4`: cannot wrap.
@@ -330,15 +336,18 @@ impl<'a> Runner<'a> {
             if off % WINDOW == 0 {
                 self.prefault(s, core::cmp::min(WINDOW, left), false)?;
             }
-            // The offset within the page is below PAGE: it fits any usize, and `so + 4k`
-            // below stays within the page.
+            // The offset within the page is below PAGE: it fits any usize, and the words
+            // `k < words` at byte offset `so` stay within the page.
             let seg = core::cmp::min(left, sub(PAGE, s & PAGE_OFFSET)?);
             let so = usize::try_from(s & PAGE_OFFSET).map_err(|_| EOVERFLOW)?;
             let words = usize::try_from(seg / 4).map_err(|_| EOVERFLOW)?;
             self.access(s, false, None, |ps, _, _| {
+                // SAFETY: `so < PAGE_SIZE`: inside the mapped page.
+                let src = unsafe { ps.add(so) }.cast::<u32>();
                 for k in 0..words {
-                    // SAFETY: `so + 4k + 4 <= PAGE_SIZE` by the segment bound.
-                    f(unsafe { ps.add(so + 4 * k).cast::<u32>().read_unaligned() });
+                    // SAFETY: word `k < words` ends at `so + 4(k + 1) <= PAGE_SIZE` by the
+                    // segment bound.
+                    f(unsafe { src.add(k).read_unaligned() });
                 }
             })?;
             off = add(off, seg)?;
