@@ -11,7 +11,7 @@
 //! Lock order: a context's `pt` lock is a leaf; the driver never calls into gmem with it
 //! held, and gmem never holds a spinlock when it calls us.
 
-use core::sync::atomic::{AtomicI32, AtomicPtr, AtomicU64, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, Ordering};
 use kernel::{
     bindings, faux,
     ffi::{c_int, c_void},
@@ -29,6 +29,7 @@ mod abi;
 mod sim_kernels;
 mod sim_mem;
 mod sim_pt;
+mod sim_sched;
 
 use abi::*;
 use sim_kernels::{Launch, Runner};
@@ -79,6 +80,9 @@ pub(crate) struct SimDev {
     copies: AtomicU64,
     tlb_flushes: AtomicU64,
     faults: AtomicU64,
+    /// Set once `gmem_dev_unregister` returned: gmem promises no callback after that, and
+    /// the sim checks it (a callback then is logged and WARNs, which fails the test run).
+    unregistered: AtomicBool,
 }
 
 impl SimDev {
@@ -104,7 +108,12 @@ impl SimDev {
 /// `drv` must be the `drv` of one of our registrations (a live `SimDev`).
 unsafe fn sim<'a>(drv: *mut c_void) -> &'a SimDev {
     // SAFETY: by the function's contract.
-    unsafe { &*drv.cast::<SimDev>() }
+    let dev = unsafe { &*drv.cast::<SimDev>() };
+    if dev.unregistered.load(Ordering::Acquire) {
+        pr_err!("gmem_sim{}: callback after gmem_dev_unregister returned\n", dev.index);
+        kernel::warn_on!(true);
+    }
+    dev
 }
 
 /// # Safety
@@ -114,7 +123,9 @@ unsafe fn ctx_of<'a>(ctx: *mut c_void) -> &'a SimCtx {
     unsafe { &*ctx.cast::<SimCtx>() }
 }
 
-unsafe extern "C" fn op_ctx_create(_drv: *mut c_void, ctx: *mut *mut c_void) -> c_int {
+unsafe extern "C" fn op_ctx_create(drv: *mut c_void, ctx: *mut *mut c_void) -> c_int {
+    // SAFETY: gmem passes our `drv` (checked for use after unregistration).
+    let _ = unsafe { sim(drv) };
     match SimCtx::new() {
         Ok(c) => {
             // SAFETY: the context is never moved out of its box; `op_ctx_destroy` rebuilds
@@ -203,7 +214,9 @@ unsafe extern "C" fn op_frame_page(drv: *mut c_void, frame: u64) -> *mut binding
     unsafe { sim(drv) }.pool.frame(frame).unwrap_or(core::ptr::null_mut())
 }
 
-unsafe extern "C" fn op_test_clear_accessed(_drv: *mut c_void, ctx: *mut c_void, va: u64) -> c_int {
+unsafe extern "C" fn op_test_clear_accessed(drv: *mut c_void, ctx: *mut c_void, va: u64) -> c_int {
+    // SAFETY: gmem passes our `drv` (checked for use after unregistration).
+    let _ = unsafe { sim(drv) };
     // SAFETY: gmem passes a live context of ours.
     c_int::from(unsafe { ctx_of(ctx) }.pt.lock().test_clear_accessed(va))
 }
@@ -378,6 +391,7 @@ impl SimModule {
                 copies: AtomicU64::new(0),
                 tlb_flushes: AtomicU64::new(0),
                 faults: AtomicU64::new(0),
+                unregistered: AtomicBool::new(false),
             },
             GFP_KERNEL,
         )?;
@@ -434,6 +448,7 @@ impl Drop for SimModule {
                 // SAFETY: registered in `add_device`, unregistered exactly once here. gmem
                 // evacuates every page to the host and destroys our contexts first.
                 unsafe { gmem_dev_unregister(h) };
+                d.unregistered.store(true, Ordering::Release);
             }
         }
         // Statics are not dropped at unload: free the list's buffer too.

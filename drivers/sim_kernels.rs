@@ -4,6 +4,12 @@
 //! into the fault buffer; a full buffer, or the end of a chunk, is reported to gmem as one
 //! batch (`gmem_dev_fault`), then the access is replayed — as a GPU's fault buffer and
 //! replay work.
+//!
+//! Every launch argument is user input: all arithmetic on addresses, lengths and counts is
+//! checked (`Launch::check` proves the page-rounded end of each range fits below 2^64, and
+//! the kernels still use checked operations on every offset they derive from it). Between
+//! chunks (each pass of the fault buffer, so every 256 pages or TOUCH accesses) a kernel
+//! stops with `EINTR` if the task has a fatal signal pending, and offers to reschedule.
 
 use crate::abi::{GMEM_ACCESS_READ, GMEM_ACCESS_WRITE};
 use crate::sim_mem::{Mapped, PAGE_SIZE};
@@ -20,8 +26,12 @@ pub(crate) const F_WRITE: u32 = 1;
 
 /// Entries of the fault buffer (UVM's batch size).
 pub(crate) const FAULT_BUFFER: usize = 256;
+/// `PAGE_SIZE` as a device address quantity.
+const PAGE: u64 = PAGE_SIZE as u64;
+/// Offset bits of a device address within its page.
+const PAGE_OFFSET: u64 = PAGE - 1;
 /// Bytes a streaming kernel faults in and computes on at a time (one fault buffer's worth).
-const WINDOW: u64 = (FAULT_BUFFER * PAGE_SIZE) as u64;
+const WINDOW: u64 = FAULT_BUFFER as u64 * PAGE;
 /// Times one access is replayed before the kernel fails with EIO.
 const MAX_REPLAYS: usize = 16;
 
@@ -47,7 +57,44 @@ pub(crate) struct Outcome {
     pub(crate) batches: u64,
 }
 
+/// The pages `[first, end)` (both page-aligned) that hold the bytes `[start, start + len)`.
+/// `EOVERFLOW` unless the end rounded up to a page is below 2^64 (the last page of the
+/// 64-bit space is never part of a valid range, so `end` is always representable).
+pub(crate) fn page_span(start: u64, len: u64) -> Result<(u64, u64)> {
+    let end = start.checked_add(len).and_then(|e| e.checked_add(PAGE_OFFSET)).ok_or(EOVERFLOW)?;
+    Ok((start & !PAGE_OFFSET, end & !PAGE_OFFSET))
+}
+
+/// `x + y`, or `EOVERFLOW` (for offsets derived from user input).
+fn add(x: u64, y: u64) -> Result<u64> {
+    x.checked_add(y).ok_or(EOVERFLOW)
+}
+
+/// `x - y`, or `EOVERFLOW` (callers have `y <= x`; the check keeps it so if they change).
+fn sub(x: u64, y: u64) -> Result<u64> {
+    x.checked_sub(y).ok_or(EOVERFLOW)
+}
+
+/// The low 32 bits of `x`: FILL's `value + i` is defined mod 2^32 (see the uapi header).
+fn low32(x: u64) -> u32 {
+    u32::try_from(x & u64::from(u32::MAX)).unwrap_or(0)
+}
+
+/// Between chunks of a launch: ends it with `EINTR` if the task is being killed, and offers
+/// the CPU to others (a launch can run for minutes; the lock-free point between two fault
+/// buffers is where a real device driver would wait for the hardware).
+fn checkpoint() -> Result {
+    if crate::sim_sched::fatal_signal_pending() {
+        return Err(EINTR);
+    }
+    crate::sim_sched::cond_resched();
+    Ok(())
+}
+
 impl Launch {
+    /// Validates the shape of a launch: `EINVAL` for unknown kernels or flags, a zero or
+    /// unaligned length or address; `EOVERFLOW` if a range's page-rounded end does not fit
+    /// below 2^64. After this, every page address a kernel derives is representable.
     pub(crate) fn check(&self) -> Result {
         let two = matches!(self.kernel, K_COPY | K_AXPY);
         let known = matches!(self.kernel, K_FILL | K_CHECKSUM | K_COPY | K_AXPY | K_TOUCH);
@@ -55,9 +102,9 @@ impl Launch {
         if !known || !flags_ok || self.len == 0 || self.len % 4 != 0 || self.a % 4 != 0 || (two && self.b % 4 != 0) {
             return Err(EINVAL);
         }
-        self.a.checked_add(self.len).ok_or(EOVERFLOW)?;
+        page_span(self.a, self.len)?;
         if two {
-            self.b.checked_add(self.len).ok_or(EOVERFLOW)?;
+            page_span(self.b, self.len)?;
         }
         Ok(())
     }
@@ -107,8 +154,10 @@ impl<'a> Runner<'a> {
             return Ok(());
         }
         let access = if write { GMEM_ACCESS_WRITE } else { GMEM_ACCESS_READ };
-        self.out.faults += buf.addrs.len() as u64;
-        self.out.batches += 1;
+        // Counts of a launch that may run until it is killed: a wrap takes 2^64 faults, but
+        // must not panic either.
+        self.out.faults = self.out.faults.wrapping_add(buf.addrs.len() as u64);
+        self.out.batches = self.out.batches.wrapping_add(1);
         self.dev.count_faults(buf.addrs.len() as u64);
         let r = self.dev.fault(self.space, &buf.addrs, access);
         buf.addrs.clear();
@@ -120,8 +169,10 @@ impl<'a> Runner<'a> {
     fn ensure(&mut self, pages: impl Iterator<Item = u64> + Clone, write: bool) -> Result {
         let mut buf = FaultBuffer { addrs: KVec::with_capacity(FAULT_BUFFER, GFP_KERNEL)? };
         // A pass reports at most one buffer; more misses than that take more passes. Pages
-        // may be unmapped again under us (eviction), so the passes are bounded.
+        // may be unmapped again under us (eviction), so the passes are bounded. Every pass
+        // starts at a checkpoint: this is the one loop every kernel goes through per chunk.
         for _pass in 0..MAX_REPLAYS * 64 {
+            checkpoint()?;
             {
                 let pt = self.ctx.pt.lock();
                 for va in pages.clone() {
@@ -157,10 +208,10 @@ impl<'a> Runner<'a> {
                 let p1 = Self::xlate(pt.lookup(va), write, self.dev);
                 let p2 = va2.map(|(v, w)| Self::xlate(pt.lookup(v), w, self.dev));
                 if let Xlate::Hit(_) = p1 {
-                    pt.touch(va & !0xfff);
+                    pt.touch(va & !PAGE_OFFSET);
                 }
                 if let (Some((v, _)), Some(Xlate::Hit(_))) = (va2, &p2) {
-                    pt.touch(v & !0xfff);
+                    pt.touch(v & !PAGE_OFFSET);
                 }
                 match (p1, p2) {
                     (Xlate::Hit(a), None) => {
@@ -177,31 +228,30 @@ impl<'a> Runner<'a> {
                     _ => {}
                 }
             }
-            self.ensure(core::iter::once(va & !0xfff), write)?;
+            self.ensure(core::iter::once(va & !PAGE_OFFSET), write)?;
             if let Some((v, w)) = va2 {
-                self.ensure(core::iter::once(v & !0xfff), w)?;
+                self.ensure(core::iter::once(v & !PAGE_OFFSET), w)?;
             }
         }
         Err(EIO)
     }
 
-    /// Pre-faults a whole range in batches (the common case: streaming kernels).
+    /// Pre-faults the pages of `[start, start + len)` in batches of at most `FAULT_BUFFER`.
     fn prefault(&mut self, start: u64, len: u64, write: bool) -> Result {
-        let first = start & !0xfff;
-        let end = start + len;
-        // Chunks of the fault buffer's size keep each batch within bounds.
-        let mut chunk_start = first;
-        while chunk_start < end {
-            let chunk_end = core::cmp::min(end, chunk_start + (FAULT_BUFFER * PAGE_SIZE) as u64);
-            self.ensure((chunk_start..chunk_end).step_by(PAGE_SIZE), write)?;
-            chunk_start = chunk_end;
+        let (mut chunk, end) = page_span(start, len)?;
+        // Chunks of the fault buffer's size keep each batch within bounds; no chunk reaches
+        // past `end` (a window near 2^64 is clipped, never computed past it).
+        while chunk < end {
+            let next = add(chunk, core::cmp::min(WINDOW, sub(end, chunk)?))?;
+            self.ensure((chunk..next).step_by(PAGE_SIZE), write)?;
+            chunk = next;
         }
         Ok(())
     }
 
     pub(crate) fn run(&mut self, l: &Launch) -> Result {
         match l.kernel {
-            K_FILL => self.stream(l.a, l.len, None, |i, w, _| *w = l.value.wrapping_add(i as u32)),
+            K_FILL => self.stream(l.a, l.len, None, |i, w, _| *w = l.value.wrapping_add(low32(i))),
             K_CHECKSUM => {
                 let mut h = FNV_OFFSET;
                 self.read_stream(l.a, l.len, |w| h = (h ^ u64::from(w)).wrapping_mul(FNV_PRIME))?;
@@ -225,43 +275,55 @@ impl<'a> Runner<'a> {
     fn stream(&mut self, dst: u64, len: u64, src: Option<u64>, mut f: impl FnMut(u64, &mut u32, u32)) -> Result {
         let mut off = 0u64;
         while off < len {
+            let left = sub(len, off)?;
+            let d = add(dst, off)?;
+            let s = src.map(|s| add(s, off)).transpose()?;
             if off % WINDOW == 0 {
                 // Like a GPU working through its grid: fault in the next window in batches,
                 // compute on it, move on (never the whole range up front: over capacity that
                 // would evict the window's own pages before they are used).
-                let w = core::cmp::min(WINDOW, len - off);
-                if let Some(s) = src {
-                    self.prefault(s + off, w, false)?;
+                let w = core::cmp::min(WINDOW, left);
+                if let Some(s) = s {
+                    self.prefault(s, w, false)?;
                 }
-                self.prefault(dst + off, w, true)?;
+                self.prefault(d, w, true)?;
             }
-            let d = dst + off;
-            let mut seg = core::cmp::min(len - off, PAGE_SIZE as u64 - (d & 0xfff));
-            if let Some(s) = src {
-                seg = core::cmp::min(seg, PAGE_SIZE as u64 - ((s + off) & 0xfff));
+            let mut seg = core::cmp::min(left, sub(PAGE, d & PAGE_OFFSET)?);
+            if let Some(s) = s {
+                seg = core::cmp::min(seg, sub(PAGE, s & PAGE_OFFSET)?);
             }
-            let words = (seg / 4) as usize;
+            // `seg <= PAGE` and the offsets are below PAGE: these fit any usize, and the
+            // words `k < words` at byte offsets `so`, `do_` stay within their pages.
+            let words = usize::try_from(seg / 4).map_err(|_| EOVERFLOW)?;
+            let do_ = usize::try_from(d & PAGE_OFFSET).map_err(|_| EOVERFLOW)?;
+            let so = s.map(|s| usize::try_from(s & PAGE_OFFSET).map_err(|_| EOVERFLOW)).transpose()?;
             let base = off / 4;
-            let (do_, so) = ((d & 0xfff) as usize, src.map(|s| ((s + off) & 0xfff) as usize));
-            self.access(d, true, src.map(|s| (s + off, false)), |pd, ps, scratch| {
+            self.access(d, true, s.map(|s| (s, false)), |pd, ps, scratch| {
                 // Read the source first (it may alias the destination page).
                 if let (Some(ps), Some(so)) = (ps, so) {
+                    // SAFETY: `so < PAGE_SIZE`: inside the mapped source page.
+                    let src = unsafe { ps.add(so) }.cast::<u32>();
                     for (k, slot) in scratch.iter_mut().enumerate().take(words) {
-                        // SAFETY: `so + 4k + 4 <= PAGE_SIZE` by the segment bound.
-                        *slot = unsafe { ps.add(so + 4 * k).cast::<u32>().read_unaligned() };
+                        // SAFETY: word `k < words` ends at `so + 4(k + 1) <= PAGE_SIZE` by the
+                        // segment bound.
+                        *slot = unsafe { src.add(k).read_unaligned() };
                     }
                 }
+                // SAFETY: `do_ < PAGE_SIZE`: inside the mapped destination page.
+                let dst = unsafe { pd.add(do_) }.cast::<u32>();
                 for k in 0..words {
-                    // SAFETY: `do_ + 4k + 4 <= PAGE_SIZE` by the segment bound.
-                    let p = unsafe { pd.add(do_ + 4 * k).cast::<u32>() };
+                    // SAFETY: word `k < words` ends at `do_ + 4(k + 1) <= PAGE_SIZE` by the
+                    // segment bound.
+                    let p = unsafe { dst.add(k) };
                     // SAFETY: as above.
                     let mut w = unsafe { p.read_unaligned() };
-                    f(base + k as u64, &mut w, if ps.is_some() { scratch[k] } else { 0 });
+                    // A word index below `len / 4`: cannot wrap.
+                    f(base.wrapping_add(k as u64), &mut w, if ps.is_some() { scratch[k] } else { 0 });
                     // SAFETY: as above.
                     unsafe { p.write_unaligned(w) };
                 }
             })?;
-            off += seg;
+            off = add(off, seg)?;
         }
         Ok(())
     }
@@ -269,36 +331,53 @@ impl<'a> Runner<'a> {
     fn read_stream(&mut self, src: u64, len: u64, mut f: impl FnMut(u32)) -> Result {
         let mut off = 0u64;
         while off < len {
+            let left = sub(len, off)?;
+            let s = add(src, off)?;
             if off % WINDOW == 0 {
-                self.prefault(src + off, core::cmp::min(WINDOW, len - off), false)?;
+                self.prefault(s, core::cmp::min(WINDOW, left), false)?;
             }
-            let s = src + off;
-            let seg = core::cmp::min(len - off, PAGE_SIZE as u64 - (s & 0xfff));
-            let (so, words) = ((s & 0xfff) as usize, (seg / 4) as usize);
+            // The offset within the page is below PAGE: it fits any usize, and the words
+            // `k < words` at byte offset `so` stay within the page.
+            let seg = core::cmp::min(left, sub(PAGE, s & PAGE_OFFSET)?);
+            let so = usize::try_from(s & PAGE_OFFSET).map_err(|_| EOVERFLOW)?;
+            let words = usize::try_from(seg / 4).map_err(|_| EOVERFLOW)?;
             self.access(s, false, None, |ps, _, _| {
+                // SAFETY: `so < PAGE_SIZE`: inside the mapped page.
+                let src = unsafe { ps.add(so) }.cast::<u32>();
                 for k in 0..words {
-                    // SAFETY: `so + 4k + 4 <= PAGE_SIZE` by the segment bound.
-                    f(unsafe { ps.add(so + 4 * k).cast::<u32>().read_unaligned() });
+                    // SAFETY: word `k < words` ends at `so + 4(k + 1) <= PAGE_SIZE` by the
+                    // segment bound.
+                    f(unsafe { src.add(k).read_unaligned() });
                 }
             })?;
-            off += seg;
+            off = add(off, seg)?;
         }
         Ok(())
     }
 
+    /// `count` accesses to pseudo-random pages; the count is unbounded (a launch may run
+    /// until it is killed: `ensure` checks for a fatal signal every batch).
     fn touch(&mut self, l: &Launch) -> Result {
-        let first = l.a & !0xfff;
-        let npages = ((l.a + l.len - first) + 0xfff) / 0x1000;
+        let (first, end) = page_span(l.a, l.len)?;
+        // `check` refused len == 0, so the span has at least one page.
+        let npages = sub(end, first)? / PAGE;
+        if npages == 0 {
+            return Err(EINVAL);
+        }
         let write = l.flags & F_WRITE != 0;
         let mut x = l.seed | 1;
         let mut done = 0u64;
         let mut batch = KVec::with_capacity(FAULT_BUFFER, GFP_KERNEL)?;
         while done < l.count {
             batch.clear();
-            while batch.len() < FAULT_BUFFER && done + (batch.len() as u64) < l.count {
+            // `count - done` accesses are left; at most a buffer's worth per batch.
+            let n = core::cmp::min(FAULT_BUFFER as u64, sub(l.count, done)?);
+            for _ in 0..n {
                 // 64-bit LCG (Knuth's MMIX constants).
                 x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                batch.push(first + ((x >> 33) % npages) * PAGE_SIZE as u64, GFP_KERNEL)?;
+                // The page index is below `npages`, so the address is below `end`.
+                let page = ((x >> 33) % npages).checked_mul(PAGE).ok_or(EOVERFLOW)?;
+                batch.push(add(first, page)?, GFP_KERNEL)?;
             }
             self.ensure(batch.iter().copied(), write)?;
             for i in 0..batch.len() {
@@ -315,7 +394,7 @@ impl<'a> Runner<'a> {
                 })?;
                 self.out.result = self.out.result.wrapping_add(u64::from(v));
             }
-            done += batch.len() as u64;
+            done = add(done, n)?;
         }
         Ok(())
     }

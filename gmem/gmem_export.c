@@ -67,7 +67,7 @@ struct page *gmem_host_page_alloc(struct mm_struct *mm, bool zero)
 
 /*
  * Per-page metadata of a region (meta.rs): its size is chosen by the user, so it must fail
- * cleanly. Requests above half of the memory available are refused outright (filling the
+ * cleanly. Requests above a quarter of the memory available are refused outright (filling the
  * machine transiently would make *other* tasks' allocations invoke the OOM killer); the
  * rest may reclaim but never OOM-kill, are charged to the caller's memory cgroup, and fail
  * when the caller gets a fatal signal (vmalloc checks for one).
@@ -79,7 +79,7 @@ void *gmem_meta_alloc(size_t n, size_t size)
 
 	if (check_mul_overflow(n, size, &bytes))
 		return NULL;
-	if ((long)(bytes >> PAGE_SHIFT) > si_mem_available() / 2)
+	if ((long)(bytes >> PAGE_SHIFT) > si_mem_available() / 4)
 		return NULL;
 	return kvcalloc(n, size, GFP_KERNEL_ACCOUNT | __GFP_RETRY_MAYFAIL | __GFP_NOWARN);
 }

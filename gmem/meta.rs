@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: GPL-2.0
 //! Per-page metadata arrays of a region: one zero-filled allocation per array, sized by the
 //! user (ALLOC), so it must fail cleanly: `gmem_meta_alloc()` (gmem_export.c) refuses
-//! requests larger than half of the memory the system has available, and otherwise uses
+//! requests larger than a quarter of the memory the system has available (so that even a
+//! few such requests racing each other cannot exhaust it), and otherwise uses
 //! `kvcalloc` with `GFP_KERNEL_ACCOUNT | __GFP_RETRY_MAYFAIL | __GFP_NOWARN`: charged to the
 //! caller's memory cgroup, never invoking the OOM killer, failing on a fatal signal
 //! (vmalloc checks for one), and filled with zeros by the allocator (no per-element loop).

@@ -7,6 +7,16 @@
  * Data is handled as little-endian u32 words; a and b must be 4-byte aligned and len a
  * multiple of 4. The checksum is FNV-1a over words:
  *   h = 0xcbf29ce484222325; for each word w: h = (h ^ w) * 0x100000001b3 (mod 2^64)
+ *
+ * GMEM_SIM_IOC_LAUNCH errors (Documentation/user-api.rst has the full list):
+ *   EINVAL     bad shape: argsz, reserved, kernel, flags; len 0; a, b or len not a
+ *              multiple of 4
+ *   EOVERFLOW  [a, a+len) (or [b, b+len)) rounded out to whole 4 KiB pages does not end
+ *              below 2^64 (the last page of the 64-bit space is never a valid range)
+ *   EFAULT     a page of a range is in no GMEM region of the caller (e.g. a kernel address)
+ *   EINTR      the caller has a fatal signal pending; checked every 256 pages or TOUCH
+ *              accesses (the dying caller never sees it). Launches are not restarted.
+ * TOUCH's count is not bounded: a launch runs until it is done or its process is killed.
  */
 #ifndef _UAPI_LINUX_GMEM_SIM_H
 #define _UAPI_LINUX_GMEM_SIM_H
@@ -32,7 +42,7 @@ struct gmem_sim_launch {
 	__u64 b;
 	__u64 len;		/* bytes */
 	__u64 seed;		/* TOUCH */
-	__u64 count;		/* TOUCH */
+	__u64 count;		/* TOUCH: accesses, any value (0: none) */
 	__u64 result;		/* out */
 	__u64 faults;		/* out: pages reported to gmem as device faults */
 	__u64 batches;		/* out: fault batches reported */

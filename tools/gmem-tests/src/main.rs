@@ -11,6 +11,7 @@ mod t_bad;
 mod t_basic;
 mod t_contract;
 mod t_core;
+mod t_fuzz;
 mod t_gup;
 mod t_limits;
 mod t_overcommit;
@@ -29,6 +30,7 @@ fn all_tests() -> Vec<Test> {
     v.extend(t_bad::tests());
     v.extend(t_overcommit::tests());
     v.extend(t_limits::tests());
+    v.extend(t_fuzz::tests()); // before t_proc: needs both devices loaded throughout
     v.extend(t_proc::tests()); // reloads the simulated driver
     v.extend(t_unplug::tests()); // last: reload the driver under pressure and races
     v

@@ -106,6 +106,118 @@ fn sim_launch_bad_arguments() -> TestResult {
     Ok(())
 }
 
+/// One launch with explicit arguments (`count` and `seed` only matter for TOUCH).
+fn launch(s: &libgmem::sim::Sim, kernel: u32, a: u64, b: u64, len: u64, count: u64) -> libgmem::Result<SimLaunch> {
+    let mut l = SimLaunch { argsz: argsz::<SimLaunch>(), kernel, a, b, len, count, seed: 7, ..Default::default() };
+    s.launch_raw(&mut l).map(|()| l)
+}
+
+/// Ranges at the top of the 64-bit space. Each of these panicked the guest (overflow in
+/// the sim's kernels: the page-rounded end, or a 1 MiB prefault window computed past 2^64)
+/// before the launch arguments were checked with page-rounded ends.
+fn sim_launch_ranges_near_2_64() -> TestResult {
+    use libgmem::sim::{K_AXPY, K_CHECKSUM, K_COPY, K_FILL, K_TOUCH};
+    let (g, s) = open()?;
+    let r = ok!(g.alloc(16 * 4096));
+    ok!(s.fill(r.addr, r.len as u64, 5));
+    // TOUCH over [0, 2^64 - 4092): its page count rounds past 2^64.
+    expect_errno!(launch(&s, K_TOUCH, 0, 0, 0xFFFF_FFFF_FFFF_F004, 1), libc::EOVERFLOW);
+    // The same up to the last page boundary fits: the random page is in no region.
+    expect_errno!(launch(&s, K_TOUCH, 0, 0, 0xFFFF_FFFF_FFFF_F000, 1), libc::EFAULT);
+    expect_errno!(launch(&s, K_TOUCH, 0xFFFF_FFFF_FFFF_0000, 0, 0xF000, 1000), libc::EFAULT);
+    // FILL whose range fits but whose 1 MiB prefault window would not.
+    expect_errno!(launch(&s, K_FILL, 0xFFFF_FFFF_FFFF_0000, 0, 0xF000, 0), libc::EFAULT);
+    // Anywhere in the last MiB: a + len fits; in the last page, the rounded end does not.
+    for kernel in [K_CHECKSUM, K_FILL, K_COPY, K_AXPY] {
+        let other = r.addr;
+        expect_errno!(launch(&s, kernel, 0xFFFF_FFFF_FFFF_FEE4, other, 4, 0), libc::EOVERFLOW);
+        expect_errno!(launch(&s, kernel, 0xFFFF_FFFF_FFFF_F000, other, 4, 0), libc::EOVERFLOW);
+        expect_errno!(launch(&s, kernel, 0xFFFF_FFFF_FFF0_0000, other, 4, 0), libc::EFAULT);
+        expect_errno!(launch(&s, kernel, 0xFFFF_FFFF_FFFF_E000, other, 4096, 0), libc::EFAULT);
+        expect_errno!(launch(&s, kernel, 0xFFFF_FFFF_FFFF_E000, other, 8192, 0), libc::EOVERFLOW);
+    }
+    // COPY's and AXPY's destination in the last MiB (the source is a valid region).
+    for kernel in [K_COPY, K_AXPY] {
+        expect_errno!(launch(&s, kernel, r.addr, 0xFFFF_FFFF_FFFF_FEE4, 4, 0), libc::EOVERFLOW);
+        expect_errno!(launch(&s, kernel, r.addr, 0xFFFF_FFFF_FFF8_0000, 4096, 0), libc::EFAULT);
+    }
+    // A source in the last MiB fails before anything is written to the destination.
+    expect_errno!(launch(&s, K_COPY, 0xFFFF_FFFF_FFF8_0000, r.addr, 4096, 0), libc::EFAULT);
+    expect_errno!(launch(&s, K_COPY, u64::MAX - 3, r.addr, 4, 0), libc::EOVERFLOW);
+    expect_errno!(launch(&s, K_FILL, 0, 0, u64::MAX - 3, 0), libc::EOVERFLOW);
+    // Nothing above changed the region, and the device still works.
+    let expect: Vec<u32> = (0..r.len as u32 / 4).map(|i| 5 + i).collect();
+    ensure!(ok!(s.checksum(r.addr, r.len as u64)).result == checksum(&expect), "region changed by a refused launch");
+    ensure!(words(&r) == expect.as_slice(), "CPU read-back wrong after hostile launches");
+    Ok(())
+}
+
+/// Milliseconds since `t`.
+fn ms_since(t: std::time::Instant) -> u128 {
+    t.elapsed().as_millis()
+}
+
+/// Starts `launch` in a child, SIGKILLs it after 0.5 s and requires it to be reaped within
+/// 30 s. Before launches checked for fatal signals, TOUCH with count 2^64-1 ran for hours
+/// and a 1 GiB FILL for minutes, ignoring SIGKILL.
+fn killed_within_bound(what: &str, launch: fn() -> i32) -> TestResult {
+    // SAFETY: fork/kill/waitpid; the child only runs `launch` and exits.
+    unsafe {
+        let pid = libc::fork();
+        if pid == 0 {
+            // Not the harness's result pipe: a child that cannot be killed must not keep
+            // the harness waiting for the end of this test's report.
+            for fd in 3..1024 {
+                libc::close(fd);
+            }
+            libc::_exit(launch());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        let mut status = 0;
+        if libc::waitpid(pid, &mut status, libc::WNOHANG) == pid {
+            return Err(format!("{what}: the launch ended early (status {status:#x})"));
+        }
+        let t = std::time::Instant::now();
+        libc::kill(pid, libc::SIGKILL);
+        loop {
+            if libc::waitpid(pid, &mut status, libc::WNOHANG) == pid {
+                break;
+            }
+            if t.elapsed() > std::time::Duration::from_secs(30) {
+                return Err(format!("{what}: not reaped 30 s after SIGKILL"));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        ensure!(libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGKILL, "{what}: status {status:#x}");
+        println!("GMEM-INFO {what}: reaped {} ms after SIGKILL", ms_since(t));
+    }
+    Ok(())
+}
+
+fn sim_launch_is_killable() -> TestResult {
+    let before = ok!(ok!(libgmem::sim::Sim::open(0).map_err(libgmem::Errno::from)).info()).ptes;
+    killed_within_bound("TOUCH count=2^64-1", || {
+        let Ok((g, s)) = open() else { return 10 };
+        let Ok(r) = g.alloc(64 * 4096) else { return 11 };
+        let _ = s.touch(r.addr, r.len as u64, u64::MAX, 1, true);
+        12 // the launch returned: it must not
+    })?;
+    killed_within_bound("FILL 1 GiB", || {
+        let Ok((g, s)) = open() else { return 10 };
+        let Ok(r) = g.alloc(1 << 30) else { return 11 };
+        let _ = s.fill(r.addr, r.len as u64, 1);
+        12
+    })?;
+    // The killed launches left no PTE behind, and the device works afterwards.
+    let (g, s) = open()?;
+    ensure!(ok!(s.info()).ptes == before, "device PTEs left after the killed launches");
+    let r = ok!(g.alloc(1 << 20));
+    ok!(s.fill(r.addr, r.len as u64, 9));
+    let expect: Vec<u32> = (0..r.len as u32 / 4).map(|i| 9 + i).collect();
+    ensure!(ok!(s.checksum(r.addr, r.len as u64)).result == checksum(&expect), "checksum wrong after killed launches");
+    Ok(())
+}
+
 fn still_works_after_bad_input() -> TestResult {
     alloc_bad_arguments()?;
     advise_bad_arguments()?;
@@ -125,6 +237,8 @@ pub fn tests() -> Vec<Test> {
         Test { name: "advise_bad_arguments", f: advise_bad_arguments },
         Test { name: "query_bad_arguments", f: query_bad_arguments },
         Test { name: "sim_launch_bad_arguments", f: sim_launch_bad_arguments },
+        Test { name: "sim_launch_is_killable", f: sim_launch_is_killable },
+        Test { name: "sim_launch_ranges_near_2_64", f: sim_launch_ranges_near_2_64 },
         Test { name: "still_works_after_bad_input", f: still_works_after_bad_input },
     ]
 }
