@@ -26,7 +26,7 @@
 
 #define GMEM_SIM_K_FILL		1	/* a[i] = value + i */
 #define GMEM_SIM_K_CHECKSUM	2	/* result = checksum(a[0..len)) */
-#define GMEM_SIM_K_COPY		3	/* b[i] = a[i] */
+#define GMEM_SIM_K_COPY		3	/* b[i] = a[i]; partial overlap: unspecified */
 #define GMEM_SIM_K_AXPY		4	/* b[i] = value * a[i] + b[i] (mod 2^32) */
 #define GMEM_SIM_K_TOUCH	5	/* count random pages of [a, a+len): read word 0, or
 					   with GMEM_SIM_F_WRITE increment it; result = sum read */
