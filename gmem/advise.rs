@@ -202,8 +202,9 @@ fn move_range(
         // Eviction attempts for the current page; the budget is per page (refilled after
         // every page that makes progress), so a long range does not run out of it.
         let mut retries = 0;
+        // The page lock is taken once per chunk, and dropped only to evict.
+        let mut p = region.pages.lock();
         while i < chunk_end {
-            let mut p = region.pages.lock();
             if p.dead {
                 return Err(ENOENT);
             }
@@ -221,6 +222,7 @@ fn move_range(
                         return Err(ENOMEM);
                     }
                     crate::evict::make_room_for(&acts, 64, crate::evict::Why::Advice)?;
+                    p = region.pages.lock();
                 }
                 Err(e) => return Err(e),
                 Ok(()) => {
@@ -233,6 +235,7 @@ fn move_range(
                 }
             }
         }
+        drop(p);
         drop(mmap);
         drop(mm);
         crate::sched::cond_resched();

@@ -98,6 +98,54 @@ fn killed_process_stops_prefetching() -> TestResult {
     Ok(())
 }
 
+/// Issue item 8: advice over a huge range is killable. DONTNEED over millions of pages
+/// takes a while however cheap each page is. The test picks a region size (doubling from
+/// 1 GiB, at most 64 GiB) whose whole DONTNEED takes at least a second here (the baseline,
+/// timed in the same run), then SIGKILLs a process looping on that call a tenth of that
+/// time in, and requires it to be reaped within a quarter of it. Before the advice loop
+/// checked for fatal signals, the kill waited for the call to finish (0.9 of it).
+fn long_advice_stops_on_sigkill() -> TestResult {
+    let g = Gmem::open().map_err(|e| e.to_string())?;
+    let (mut len, mut full) = (1u64 << 30, Duration::ZERO);
+    while len <= 64 << 30 {
+        let r = ok!(g.alloc(len));
+        let t = Instant::now();
+        ok!(r.advise(GMEM_ADV_DONTNEED, GMEM_NO_DEVICE));
+        full = t.elapsed();
+        if full >= Duration::from_secs(1) {
+            break;
+        }
+        len *= 2;
+    }
+    ensure!(full >= Duration::from_secs(1), "DONTNEED over 64 GiB took only {full:?}: too short to judge");
+    let (mut me, mut peer) = crate::harness::Link::pair()?;
+    // SAFETY: fork; the child loops on the call until it is killed.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        drop(me);
+        if let Ok(g) = Gmem::open() {
+            if let Ok(r) = g.alloc(len) {
+                peer.signal();
+                loop {
+                    let _ = r.advise(GMEM_ADV_DONTNEED, GMEM_NO_DEVICE);
+                }
+            }
+        }
+        // SAFETY: leaving the forked child.
+        unsafe { libc::_exit(1) };
+    }
+    drop(peer);
+    let ready = me.wait();
+    ensure!(ready, "child could not allocate the region");
+    std::thread::sleep(full / 10);
+    let t = Instant::now();
+    kill_and_reap(pid);
+    let reap = t.elapsed();
+    println!("GMEM-INFO long_advice_stops_on_sigkill: DONTNEED of {} GiB takes {full:?}; reaped {reap:?} after SIGKILL", len >> 30);
+    ensure!(reap <= full / 4, "reaped {reap:?} after SIGKILL; one whole DONTNEED takes {full:?}");
+    Ok(())
+}
+
 /// Drops CAP_IPC_LOCK from this process's effective and permitted sets (capset(2)).
 fn drop_ipc_lock() -> bool {
     const VERSION_3: u32 = 0x2008_0522;
@@ -185,5 +233,6 @@ pub fn tests() -> Vec<Test> {
         Test { name: "prefetch_larger_than_device_succeeds", f: prefetch_larger_than_device_succeeds },
         Test { name: "killed_process_stops_prefetching", f: killed_process_stops_prefetching },
         Test { name: "pin_is_charged_to_memlock", f: pin_is_charged_to_memlock },
+        Test { name: "long_advice_stops_on_sigkill", f: long_advice_stops_on_sigkill },
     ]
 }

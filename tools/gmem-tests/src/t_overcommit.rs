@@ -305,20 +305,17 @@ const CG: &str = "/sys/fs/cgroup/gmem_oom";
 
 
 static SIGBUSES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+/// `memory.max` of the test cgroup, opened before the squeeze: opening it at the limit
+/// needs a charged `struct file` and would invoke the memory cgroup's OOM killer.
+static MAX_FD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
 
-/// Lifts the memory limit (plain open/write syscalls: fine in a signal handler) so that the
+/// Lifts the memory limit (a plain write syscall: fine in a signal handler) so that the
 /// access that got SIGBUS can be retried.
 extern "C" fn lift_limit(_sig: i32) {
     SIGBUSES.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-    let path = b"/sys/fs/cgroup/gmem_oom/memory.max\0";
-    // SAFETY: async-signal-safe syscalls on a NUL-terminated path.
-    unsafe {
-        let fd = libc::open(path.as_ptr().cast(), libc::O_WRONLY);
-        if fd >= 0 {
-            libc::write(fd, b"max".as_ptr().cast(), 3);
-            libc::close(fd);
-        }
-    }
+    let fd = MAX_FD.load(std::sync::atomic::Ordering::SeqCst);
+    // SAFETY: an async-signal-safe write to an fd this process owns.
+    unsafe { libc::write(fd, b"max".as_ptr().cast(), 3) };
 }
 
 #[inline(never)]
@@ -357,6 +354,8 @@ fn host_oom_during_eviction_fails_cleanly() -> TestResult {
         let mut q = GmemQuery { argsz: argsz::<GmemQuery>(), addr: a.addr, npages: a.pages() as u64, ..Default::default() };
         q.states = states.as_mut_ptr() as u64;
         let max = format!("{CG}/memory.max");
+        let Ok(maxf) = std::fs::OpenOptions::new().write(true).open(&max) else { return 35 };
+        MAX_FD.store(std::os::fd::AsRawFd::as_raw_fd(&maxf), std::sync::atomic::Ordering::SeqCst);
         // The CPU's page tables for the region are made now too (a touch per 2 MiB): at the
         // limit, core mm's page-table allocation would OOM-kill before GMEM's handler runs.
         for off in (0..a.len).step_by(2 << 20) {
@@ -368,7 +367,7 @@ fn host_oom_during_eviction_fails_cleanly() -> TestResult {
         // Stack pages a signal frame may need are made resident now. (Not mlockall: it would
         // populate the GMEM region too, since __mm_populate does not skip VM_MIXEDMAP.)
         prefault_stack();
-        if std::fs::write(&max, "6M").is_err() {
+        if std::io::Write::write_all(&mut &maxf, b"6M").is_err() {
             return 26;
         }
         // The device streams over 3x its memory: eviction needs host pages it cannot get.
