@@ -13,9 +13,10 @@
 //! outlive the driver: spaces and reverse maps hold it; nothing reaches the driver through it
 //! after `gone`.
 //!
-//! Lock order: `Device::frames` and `Device::ctxs` are leaves (taken under a region's page
-//! lock or `Space::ctxs`; nothing is called under them). Driver callbacks are never called
-//! under a spinlock.
+//! Lock order: `Device::frames` is a leaf (taken under a region's page lock; nothing is
+//! called under it). `Device::ctxs` is taken under `Space::ctxs` (or alone) and only the
+//! driver's `ctx_create` is called under it. Driver callbacks are never called under a
+//! spinlock.
 
 use crate::abi::{GmemCopy, GmemDevOps, GmemDevProps, GmemPte, GMEM_DRIVER_ABI_VERSION};
 use crate::policy::evict::{self as order, Clock, F_CLEAN, F_LENT, F_PINNED, F_REF, F_USED};
@@ -379,12 +380,12 @@ impl Device {
         if !self.alive() {
             return Err(ENODEV);
         }
-        self.ctxs.lock().reserve(1, GFP_KERNEL)?;
-        let c = ops.ctx_create()?;
+        // Held across the creation, so that the reserved slot is still free for the push.
         let mut list = self.ctxs.lock();
+        list.reserve(1, GFP_KERNEL)?;
+        let c = ops.ctx_create()?;
         if list.push((space_id, c), GFP_NOWAIT).is_err() {
-            // Only if another creation took the reserved slot meanwhile (cannot happen: one
-            // creation per space, serialised by `Space::ctxs`); never leak the context.
+            // Cannot happen (room was reserved under this lock); never leak the context.
             drop(list);
             ops.ctx_destroy(c);
             return Err(ENOMEM);
