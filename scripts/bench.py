@@ -22,10 +22,13 @@ import json
 import math
 import os
 import subprocess
+import re
 import sys
 from xml.sax.saxutils import escape
 
 MARK = "GMEM-BENCH-JSON "
+# A kernel console message glued into another line: "[ seconds] text" up to its newline.
+KMSG = re.compile(r"\[\s*\d+\.\d+\] [^\n]*\n")
 SCHEMA = "gmem-bench/1"
 
 
@@ -73,6 +76,9 @@ def extract(path):
         text = open(path, errors="replace").read()
     except OSError as e:
         raise ValueError(f"cannot read {path}: {e}")
+    # The serial console can cut the (long) line with a kernel message ("[   79.49] msg")
+    # that ends in a newline, after which the JSON goes on: take such messages out first.
+    text = KMSG.sub("", text)
     found = None
     for line in text.splitlines():
         i = line.find(MARK)
