@@ -54,12 +54,17 @@ struct workqueue_struct *gmem_wq_alloc(void)
 struct page *gmem_host_page_alloc(struct mm_struct *mm, bool zero);
 struct page *gmem_host_page_alloc(struct mm_struct *mm, bool zero)
 {
-	struct mem_cgroup *memcg = get_mem_cgroup_from_mm(mm);
-	struct mem_cgroup *old = set_active_memcg(memcg);
+	gfp_t gfp = GFP_HIGHUSER | __GFP_ACCOUNT | __GFP_RETRY_MAYFAIL | __GFP_NOWARN |
+		    (zero ? __GFP_ZERO : 0);
+	struct mem_cgroup *memcg, *old;
 	struct page *page;
 
-	page = alloc_page(GFP_HIGHUSER | __GFP_ACCOUNT | __GFP_RETRY_MAYFAIL | __GFP_NOWARN |
-			  (zero ? __GFP_ZERO : 0));
+	/* The common case, a process faulting its own pages, needs no remote charge. */
+	if (mm == current->mm)
+		return alloc_page(gfp);
+	memcg = get_mem_cgroup_from_mm(mm);
+	old = set_active_memcg(memcg);
+	page = alloc_page(gfp);
 	set_active_memcg(old);
 	mem_cgroup_put(memcg);
 	return page;
