@@ -21,6 +21,9 @@ extern "C" {
 ///
 /// # Invariants
 /// `self.0` was returned by `gmem_host_page_alloc` and is freed exactly once, by `Drop`.
+/// `repr(transparent)` makes `Option<HostPage>` use the null niche (all zero bytes are
+/// `None`), which `meta.rs` relies on for zero-filled arrays of host pages.
+#[repr(transparent)]
 pub(crate) struct HostPage(NonNull<bindings::page>);
 
 // SAFETY: a page can be freed and accessed from any thread; ownership is unique.

@@ -24,8 +24,8 @@ pub(crate) unsafe trait ZeroIsEmpty: Sized {}
 
 // SAFETY: zero is a valid integer.
 unsafe impl ZeroIsEmpty for u32 {}
-// SAFETY: `HostPage` wraps a `NonNull`, so `Option<HostPage>` uses the null niche: all zero
-// bytes are `None` (guaranteed for `Option<NonNull<_>>`-like types).
+// SAFETY: `HostPage` is a `#[repr(transparent)]` wrapper of a `NonNull`, for which Rust
+// guarantees that `Option<_>` uses the null niche: all zero bytes are `None`.
 unsafe impl ZeroIsEmpty for Option<crate::host_page::HostPage> {}
 
 /// A fixed-length, zero-initialised array of per-page metadata.
