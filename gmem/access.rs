@@ -11,7 +11,6 @@
 //! copies through the kernel mapping of the host page, under the region's page lock.
 
 use crate::migrate::{self, Env};
-use crate::policy::page_state::{transition, Event};
 use crate::region::{Region, PAGE_SIZE};
 use kernel::{prelude::*, sync::Arc};
 
@@ -28,10 +27,9 @@ pub(crate) unsafe fn access(region: &Arc<Region>, addr: usize, buf: *mut u8, len
     if p.dead {
         return Err(EFAULT);
     }
-    let s = p.state(i);
     // The same transition as a CPU fault (duplicates collapse: the host copy becomes the
     // only one). A page pinned on a device, or lost, is refused as it is for the CPU.
-    let (next, a) = transition(s, Event::CpuFault { write: write || s.dup_mask() != 0 }).map_err(migrate::refusal_errno)?;
+    let (next, a) = crate::fault::cpu_transition(p.state(i), write).map_err(migrate::refusal_errno)?;
     migrate::apply(&Env::access(region, None), &mut p, i, next, &a)?;
     let page = p.host[i].as_ref().ok_or(EFAULT)?;
     let m = page.map();

@@ -11,7 +11,7 @@ use crate::device::{DevStats, Device};
 use crate::migrate::{self, Env};
 use crate::policy::batch;
 use crate::evict::{self, Why};
-use crate::policy::page_state::{transition, Copy, Event, Loc, Target};
+use crate::policy::page_state::{transition, Actions, Copy, Event, Loc, PageState, Refused, Target};
 use crate::policy::thrash::{ThrashParams, Verdict};
 use crate::{prefetch, tune};
 use core::sync::atomic::Ordering::Relaxed;
@@ -118,6 +118,13 @@ unsafe extern "C" fn vm_fault(vmf: *mut bindings::vm_fault) -> bindings::vm_faul
     }
 }
 
+/// The transition of a CPU access to a page in state `s` (a fault, or ptrace's `.access`).
+/// The CPU always maps GMEM pages writable, so it does not share read-only duplicates with
+/// devices: any CPU access collapses them like a write.
+pub(crate) fn cpu_transition(s: PageState, write: bool) -> core::result::Result<(PageState, Actions), Refused> {
+    transition(s, Event::CpuFault { write: write || s.dup_mask() != 0 })
+}
+
 /// CPU fault: bring the page to the host and map it. A page pinned on a device, a torn
 /// down region or an address outside the region gets SIGBUS.
 fn cpu_fault(region: &Arc<Region>, vmf: *mut bindings::vm_fault, addr: usize, write: bool) -> Result<bindings::vm_fault_t> {
@@ -127,10 +134,7 @@ fn cpu_fault(region: &Arc<Region>, vmf: *mut bindings::vm_fault, addr: usize, wr
         return Err(EFAULT);
     }
     let s = p.state(i);
-    // The CPU always maps GMEM pages writable, so it does not share read-only duplicates
-    // with devices: a CPU access collapses them like a write.
-    let write = write || s.dup_mask() != 0;
-    let (next, a) = transition(s, Event::CpuFault { write }).map_err(|_| EFAULT)?;
+    let (next, a) = cpu_transition(s, write).map_err(|_| EFAULT)?;
     Space::count(&region.space.stats.cpu_faults);
     migrate::apply(&Env::access(region, None), &mut p, i, next, &a)?;
     if matches!(a.copy, Copy::D2H(_)) || (matches!(s.loc(), Loc::Device(_)) && next.loc() == Loc::Host) {

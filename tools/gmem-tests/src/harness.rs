@@ -275,3 +275,12 @@ pub fn kill_and_reap(pid: i32) -> i32 {
     }
     status
 }
+
+/// Creates (if needed) the memory cgroup `name` under the cgroup2 root, mounting the root
+/// and enabling the memory controller first; returns its directory.
+pub fn memcg(name: &str) -> Result<String, String> {
+    const ROOT: &str = "/sys/fs/cgroup";
+    sh(&format!("grep -q ' {ROOT} ' /proc/mounts || mount -t cgroup2 none {ROOT}"))?;
+    sh(&format!("echo +memory > {ROOT}/cgroup.subtree_control && mkdir -p {ROOT}/{name}"))?;
+    Ok(format!("{ROOT}/{name}"))
+}

@@ -331,8 +331,7 @@ fn prefault_stack() {
 /// Host memory runs out (a memory cgroup limit) while the device must evict: the device
 /// kernel fails with ENOMEM, a CPU access gets SIGBUS, nothing else is lost or corrupted.
 fn host_oom_during_eviction_fails_cleanly() -> TestResult {
-    sh("grep -q ' /sys/fs/cgroup ' /proc/mounts || mount -t cgroup2 none /sys/fs/cgroup")?;
-    sh(&format!("echo +memory > /sys/fs/cgroup/cgroup.subtree_control && mkdir -p {CG}"))?;
+    crate::harness::memcg("gmem_oom")?;
     // Background eviction and the peer tier would charge other contexts: switch them off.
     control("preevict=0 peer=0")?;
     let code = child_exit(|| {

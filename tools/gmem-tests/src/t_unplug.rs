@@ -6,13 +6,12 @@
 //! whatever the next device puts there, and no driver callback runs after unregistration
 //! (the kernel log's unregister line, and KASAN on the debug kernel).
 
-use crate::harness::{kill_and_reap, on_signal, parked_child, sh, words, Link, Test, TestResult};
+use crate::harness::{kill_and_reap, memcg, on_signal, parked_child, sh, words, Link, Test, TestResult};
 use crate::{ensure, ok};
 use libgmem::sim::Sim;
 use libgmem::*;
 use std::process::Command;
 
-const CGROOT: &str = "/sys/fs/cgroup";
 const INSMOD: &str = "insmod /lib/gmem/gmem_sim.ko nr_devices=2 mem_mib=16";
 
 /// The kernel log since the last `take_log` (the console keeps everything; the ring is
@@ -31,12 +30,6 @@ fn frames_left(log: &str) -> bool {
     })
 }
 
-fn cgroup(name: &str) -> std::result::Result<String, String> {
-    sh(&format!("grep -q ' {CGROOT} ' /proc/mounts || mount -t cgroup2 none {CGROOT}"))?;
-    sh(&format!("echo +memory > {CGROOT}/cgroup.subtree_control && mkdir -p {CGROOT}/{name}"))?;
-    Ok(format!("{CGROOT}/{name}"))
-}
-
 fn pattern(tag: u32, i: usize) -> u32 {
     tag.wrapping_add(i as u32)
 }
@@ -46,7 +39,7 @@ fn pattern(tag: u32, i: usize) -> u32 {
 /// B fills 8 MiB of its own. A must read exactly its own data (host pages for A's data are
 /// charged to A, not to the task that unplugs), and no frame is freed twice.
 fn unplug_in_small_cgroup_keeps_data_and_identity() -> TestResult {
-    let cg = cgroup("gmem_rmmod")?;
+    let cg = memcg("gmem_rmmod")?;
     let _ = take_log()?;
     let g = Gmem::open().map_err(|e| e.to_string())?;
     let a = ok!(g.alloc(8 << 20));
@@ -114,7 +107,7 @@ extern "C" fn sigbus_on_lost(_sig: i32) {
 /// DONTNEED turns the page back into zeros, the saved pages hold their data, and the kernel
 /// log and debugfs count the loss.
 fn unplug_lost_pages_are_reported_not_reused() -> TestResult {
-    let cg = cgroup("gmem_lost")?;
+    let cg = memcg("gmem_lost")?;
     let _ = take_log()?;
     let (mut me, mut peer) = Link::pair()?;
     let cgp = cg.clone();
