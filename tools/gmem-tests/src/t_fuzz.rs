@@ -414,6 +414,29 @@ struct Verify {
     model: Vec<u32>,
     known: bool,
     pinned: bool,
+    /// The last operations on the region (word range, what), printed with a mismatch.
+    hist: std::collections::VecDeque<(usize, usize, String)>,
+}
+
+impl Verify {
+    fn log(&mut self, w0: usize, n: usize, what: String) {
+        if self.hist.len() == 64 {
+            self.hist.pop_front();
+        }
+        self.hist.push_back((w0, w0 + n, what));
+    }
+
+    /// The logged operations whose range covers word `w`'s page, oldest first.
+    fn history_of(&self, w: usize) -> String {
+        let (lo, hi) = (w / 1024 * 1024, w / 1024 * 1024 + 1024);
+        let mut out = String::new();
+        for (a, b, what) in &self.hist {
+            if *a < hi && *b > lo {
+                let _ = write!(out, "[{what} {a}+{}] ", b - a);
+            }
+        }
+        out
+    }
 }
 
 struct Worker<'p, 's> {
@@ -495,7 +518,7 @@ impl<'p, 's> Worker<'p, 's> {
             argreg,
             ro_page,
             memfd,
-            v: Verify { addr: verify, words, model: vec![0; words], known: true, pinned: false },
+            v: Verify { addr: verify, words, model: vec![0; words], known: true, pinned: false, hist: Default::default() },
         })
     }
 
@@ -1911,7 +1934,9 @@ impl<'p, 's> Worker<'p, 's> {
         match op {
             0 => {
                 let v = self.rng.next() as u32;
-                match self.sim_launch(d, K_FILL, 0, v, self.vaddr(w0), 0, 4 * n as u64, 0, 0) {
+                let r = self.sim_launch(d, K_FILL, 0, v, self.vaddr(w0), 0, 4 * n as u64, 0, 0);
+                self.v.log(w0, n, format!("FILL dev{d} {}", show_result(r.map(|_| 0))));
+                match r {
                     Ok(_) => {
                         for i in 0..n {
                             self.v.model[w0 + i] = v.wrapping_add(i as u32);
@@ -1931,6 +1956,7 @@ impl<'p, 's> Worker<'p, 's> {
                     unsafe { std::ptr::write_volatile(self.vaddr(i) as *mut u32, v) };
                     self.v.model[i] = v;
                 }
+                self.v.log(w0, n, "CPU write".into());
             }
             4 => {
                 let target = self.rng.pick(&[GMEM_HOST, 0, 1]);
@@ -1945,6 +1971,7 @@ impl<'p, 's> Worker<'p, 's> {
                     }
                     r => r,
                 };
+                self.v.log(w0, n, format!("PREFETCH to {target} async {asy} {}", show_result(r.map(|_| 0))));
                 match r {
                     Ok(_) => {}
                     Err(libc::ENOMEM) => self.soft(),
@@ -1955,7 +1982,9 @@ impl<'p, 's> Worker<'p, 's> {
             }
             5 => {
                 let (a, len) = (self.vaddr(w0), 4 * n as u64);
-                match self.advise_raw(a, len, GMEM_ADV_DONTNEED, 0, 0) {
+                let r = self.advise_raw(a, len, GMEM_ADV_DONTNEED, 0, 0);
+                self.v.log(w0, n, format!("DONTNEED {}", show_result(r.map(|_| 0))));
+                match r {
                     Ok(_) => {
                         // Narrowed inward to whole pages.
                         let first = a.div_ceil(PAGE) * PAGE;
@@ -1975,7 +2004,9 @@ impl<'p, 's> Worker<'p, 's> {
                 if self.rng.chance(50) {
                     let v = self.rng.next() as u32;
                     let a = self.vaddr(w0);
-                    match self.sim_launch(d, K_AXPY, 0, v, a, a, 4 * n as u64, 0, 0) {
+                    let r = self.sim_launch(d, K_AXPY, 0, v, a, a, 4 * n as u64, 0, 0);
+                    self.v.log(w0, n, format!("AXPY dev{d} {}", show_result(r.map(|_| 0))));
+                    match r {
                         Ok(_) => {
                             for m in &mut self.v.model[w0..w0 + n] {
                                 *m = v.wrapping_mul(*m).wrapping_add(*m);
@@ -1984,9 +2015,27 @@ impl<'p, 's> Worker<'p, 's> {
                         Err(e) => self.v_soft("AXPY", e),
                     }
                 } else {
-                    // COPY [s, s + n) -> [w0, w0 + n), possibly overlapping (front to back).
-                    let s = self.rng.below((self.v.words - n + 1) as u64) as usize;
-                    match self.sim_launch(d, K_COPY, 0, 0, self.vaddr(s), self.vaddr(w0), 4 * n as u64, 0, 0) {
+                    // COPY [s, s + n) -> [w0, w0 + n). A partial overlap is allowed, but its
+                    // result is unspecified (gmem_sim.h), so the model forgets the region
+                    // then; mostly the source is chosen so that the two do not overlap.
+                    let words = self.v.words;
+                    let s = if self.rng.chance(90) {
+                        let left = if w0 >= n { w0 - n + 1 } else { 0 };
+                        let right = (words + 1).saturating_sub(w0 + 2 * n);
+                        match self.rng.below((left + right) as u64) as usize {
+                            _ if left + right == 0 => w0,
+                            k if k < left => k,
+                            k => w0 + n + (k - left),
+                        }
+                    } else {
+                        self.rng.below((words - n + 1) as u64) as usize
+                    };
+                    let partial = s != w0 && s < w0 + n && w0 < s + n;
+                    let r = self.sim_launch(d, K_COPY, 0, 0, self.vaddr(s), self.vaddr(w0), 4 * n as u64, 0, 0);
+                    self.v.log(s, n, format!("COPY-src dev{d} to {w0} {}", show_result(r.map(|_| 0))));
+                    self.v.log(w0, n, format!("COPY dev{d} from {s} {}", show_result(r.map(|_| 0))));
+                    match r {
+                        Ok(_) if partial => self.v.known = false,
                         Ok(_) => {
                             for i in 0..n {
                                 self.v.model[w0 + i] = self.v.model[s + i];
@@ -1999,6 +2048,7 @@ impl<'p, 's> Worker<'p, 's> {
             }
             7 => {
                 let (a, len) = (self.v.addr, VERIFY_BYTES);
+                self.v.log(0, self.v.words, "READ_MOSTLY".into());
                 if let Err(e) = self.advise_raw(a, len, GMEM_ADV_READ_MOSTLY, 0, 0) {
                     if e != libc::E2BIG {
                         self.fail(format!("verify: READ_MOSTLY: {}", ename(e)));
@@ -2021,7 +2071,9 @@ impl<'p, 's> Worker<'p, 's> {
                 let (a, len) = (self.vaddr(w0), 4 * n as u64);
                 let first = a & !(PAGE - 1);
                 let npages = (a + len - first).div_ceil(PAGE);
-                match self.sim_launch(d, K_TOUCH, libgmem::sim::F_WRITE, 0, a, 0, len, seed, count) {
+                let r = self.sim_launch(d, K_TOUCH, libgmem::sim::F_WRITE, 0, a, 0, len, seed, count);
+                self.v.log(w0, n, format!("TOUCH dev{d} x{count} {}", show_result(r.map(|_| 0))));
+                match r {
                     Ok(l) => {
                         let mut x = seed | 1;
                         let mut sum = 0u64;
@@ -2057,7 +2109,9 @@ impl<'p, 's> Worker<'p, 's> {
         if !self.v.known {
             return;
         }
-        match self.sim_launch(d, K_CHECKSUM, 0, 0, self.vaddr(w0), 0, 4 * n as u64, 0, 0) {
+        let r = self.sim_launch(d, K_CHECKSUM, 0, 0, self.vaddr(w0), 0, 4 * n as u64, 0, 0);
+        self.v.log(w0, n, format!("CHECKSUM dev{d} {}", show_result(r.map(|_| 0))));
+        match r {
             Ok(l) => {
                 let want = libgmem::sim::checksum(&self.v.model[w0..w0 + n]);
                 if l.result != want {
@@ -2075,14 +2129,33 @@ impl<'p, 's> Worker<'p, 's> {
         if self.v.pinned {
             return "nothing (pinned)".into();
         }
+        // The residency of every page before the CPU reads them (reading moves them).
+        let mut st = [0u32; 256];
+        let mut q = GmemQuery { argsz: argsz::<GmemQuery>(), addr: self.v.addr, npages: 256, states: st.as_mut_ptr() as u64, ..Default::default() };
+        // SAFETY: QUERY into our stack buffer of 256 words (the region has 256 pages).
+        let queried = unsafe { libc::ioctl(self.gfd(), GMEM_IOC_QUERY as _, &mut q as *mut GmemQuery) } == 0;
+        let mut first = None;
+        let mut pages = Vec::new();
+        let mut bad = 0;
         for i in w0..w0 + n {
             // SAFETY: our private region, not pinned.
             let w = unsafe { std::ptr::read_volatile(self.vaddr(i) as *const u32) };
             if w != self.v.model[i] {
-                return format!("word {i} = {w:#x}, model {:#x}", self.v.model[i]);
+                bad += 1;
+                first.get_or_insert((i, w));
+                if pages.last() != Some(&(i / 1024)) && pages.len() < 8 {
+                    pages.push(i / 1024);
+                }
             }
         }
-        "the model's data".into()
+        let Some((i, w)) = first else { return "the model's data".into() };
+        let state = if queried { format!("{:#x}", st[i / 1024]) } else { "?".into() };
+        format!(
+            "word {i} = {w:#x}, model {:#x}; {bad} words differ, pages {pages:?}; page {} state {state}; history {}",
+            self.v.model[i],
+            i / 1024,
+            self.v.history_of(i)
+        )
     }
 
     fn v_cpu_read(&mut self, w0: usize, n: usize, what: &str) {
@@ -2093,7 +2166,7 @@ impl<'p, 's> Worker<'p, 's> {
             // SAFETY: our private region, not pinned.
             let w = unsafe { std::ptr::read_volatile(self.vaddr(i) as *const u32) };
             if w != self.v.model[i] {
-                self.fail(format!("verify: {what}: word {i} (page {}) = {w:#x}, model {:#x}", i / 1024, self.v.model[i]));
+                self.fail(format!("verify: {what}: word {i} (page {}) = {w:#x}, model {:#x}; history {}", i / 1024, self.v.model[i], self.v.history_of(i)));
                 self.v.known = false;
                 return;
             }
