@@ -200,39 +200,65 @@ fn move_range(
         let vma = mmap.vma_lookup(region.start).filter(|v| v.start() == region.start);
         let chunk_end = core::cmp::min(end, i + crate::sched::CHUNK);
         // Eviction attempts for the current page; the budget is per page (refilled after
-        // every page that makes progress), so a long range does not run out of it.
+        // every batch that makes progress), so a long range does not run out of it.
         let mut retries = 0;
-        // The page lock is taken once per chunk, and dropped only to evict.
+        let mut steps: KVec<migrate::Step> = KVec::with_capacity(migrate::BATCH_PAGES, GFP_KERNEL)?;
+        // The page lock is taken once per chunk, and dropped only to evict. The chunk goes
+        // to the block executor in batches (the whole chunk, unless a page refuses).
         let mut p = region.pages.lock();
         while i < chunk_end {
             if p.dead {
                 return Err(ENOENT);
             }
-            let s = p.state(i);
-            let (next, acts) = transition(s, event).map_err(migrate::refusal_errno)?;
-            if next == s && acts == Default::default() {
-                i += 1;
-                continue;
+            steps.clear();
+            let mut refusal = None;
+            let mut j = i;
+            while j < chunk_end && steps.len() < migrate::BATCH_PAGES {
+                let s = p.state(j);
+                match transition(s, event) {
+                    Err(r) => {
+                        refusal = Some(migrate::refusal_errno(r));
+                        break;
+                    }
+                    Ok((next, acts)) if next != s || acts != Default::default() => {
+                        steps.push(migrate::Step { i: j, prev: s, next, a: acts }, GFP_KERNEL)?;
+                    }
+                    Ok(_) => {}
+                }
+                j += 1;
             }
-            match migrate::apply(&Env::access(region, vma), &mut p, i, next, &acts) {
-                Err(e) if e == ENOSPC => {
-                    drop(p);
-                    retries += 1;
-                    if retries > 64 {
-                        return Err(ENOMEM);
+            let out = migrate::apply_batch(&Env::access(region, vma), &mut p, &steps);
+            for st in &steps[..out.done] {
+                *pinned += u64::from(!st.prev.pinned() && st.next.pinned());
+            }
+            if let (Event::Prefetch { .. }, Some(dev)) = (event, dev) {
+                crate::device::DevStats::add(&dev.stats.prefetched, out.done as u64);
+            }
+            if out.done < steps.len() {
+                // Steps from `steps[out.done]` on were not applied.
+                i = steps[out.done].i;
+                match out.res {
+                    Err(e) if e == ENOSPC => {
+                        // The device is full: evict (without the page lock), then retry.
+                        let acts = steps[out.done].a;
+                        drop(p);
+                        retries = if out.done > 0 { 1 } else { retries + 1 };
+                        if retries > 64 {
+                            return Err(ENOMEM);
+                        }
+                        crate::evict::make_room_for(&acts, 64, crate::evict::Why::Advice)?;
+                        p = region.pages.lock();
+                        continue;
                     }
-                    crate::evict::make_room_for(&acts, 64, crate::evict::Why::Advice)?;
-                    p = region.pages.lock();
+                    Err(e) => return Err(e),
+                    Ok(()) => return Err(EINVAL),
                 }
-                Err(e) => return Err(e),
-                Ok(()) => {
-                    if let (Event::Prefetch { .. }, Some(dev)) = (event, dev) {
-                        crate::device::DevStats::add(&dev.stats.prefetched, 1);
-                    }
-                    *pinned += u64::from(!s.pinned() && next.pinned());
-                    retries = 0;
-                    i += 1;
-                }
+            }
+            out.res?;
+            retries = 0;
+            i = j;
+            if let Some(e) = refusal {
+                return Err(e);
             }
         }
         drop(p);

@@ -96,6 +96,7 @@ fn show_device(d: &Device, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         g(&s.pages_zeroed),
         g(&s.remote_maps)
     )?;
+    writeln!(f, "  driver calls: copy={} map={} unmap={}", g(&s.copy_calls), g(&s.map_calls), g(&s.unmap_calls))?;
     writeln!(
         f,
         "  evicted: to_host={} to_peer={} clean_dropped={} pre_evicted={} writebacks={} evacuated={} lost={}",
@@ -166,13 +167,14 @@ fn show_spaces(_: &(), f: &mut fmt::Formatter<'_>) -> fmt::Result {
         }
         write!(
             f,
-            "space{} pid={} regions={} pages={} cpu_faults={} dev_faults={} none={} host={} lost={}",
+            "space{} pid={} regions={} pages={} cpu_faults={} dev_faults={} cpu_zaps={} none={} host={} lost={}",
             s.id,
             s.pid,
             c.regions,
             c.pages,
             s.stats.cpu_faults.load(Relaxed),
             s.stats.dev_faults.load(Relaxed),
+            s.stats.cpu_zaps.load(Relaxed),
             c.none,
             c.host,
             c.lost

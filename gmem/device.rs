@@ -219,6 +219,11 @@ pub(crate) struct DevStats {
     pub(crate) prefetch_used: AtomicU64,
     pub(crate) prefetch_wasted: AtomicU64,
     pub(crate) thrash_events: AtomicU64,
+    /// Driver calls made by the block executor: `copy`, `map`, and `unmap` (each followed
+    /// by one `tlb_invalidate`); per migrated page they show the batching.
+    pub(crate) copy_calls: AtomicU64,
+    pub(crate) map_calls: AtomicU64,
+    pub(crate) unmap_calls: AtomicU64,
 }
 
 impl DevStats {
@@ -445,6 +450,25 @@ impl Device {
         let f = map.alloc().ok_or(ENOSPC)?;
         flags[f as usize] = F_USED | F_REF;
         u32::try_from(f).map_err(|_| EINVAL)
+    }
+
+    /// Up to `want` free frames appended to `out` under one acquisition of the pool lock;
+    /// returns how many (fewer when the pool runs out). Each starts like `alloc_frame`'s.
+    pub(crate) fn alloc_frames(&self, want: usize, out: &mut KVec<u32>) -> Result<usize> {
+        out.reserve(want, GFP_KERNEL)?;
+        let mut pool = self.frames.lock();
+        let FramePool { bits, cursor, used, flags, .. } = &mut *pool;
+        let mut map = FrameMap::new(bits, cursor, used, self.nr_frames).ok_or(EINVAL)?;
+        let mut got = 0;
+        while got < want {
+            let Some(f) = map.alloc() else { break };
+            flags[f as usize] = F_USED | F_REF;
+            // Frame numbers fit in 32 bits: `nr_frames <= u32::MAX` (checked at registration),
+            // and the capacity was reserved above.
+            out.push(f as u32, GFP_NOWAIT)?;
+            got += 1;
+        }
+        Ok(got)
     }
 
     /// Returns a frame to the pool. Returns its flags as they were (for accounting).

@@ -15,7 +15,7 @@ use crate::policy::page_state::{transition, Actions, Copy, Event, Loc, PageState
 use crate::policy::thrash::{ThrashParams, Verdict};
 use crate::{prefetch, tune};
 use core::sync::atomic::Ordering::Relaxed;
-use crate::region::{adv, Region};
+use crate::region::{adv, Pages, Region};
 use crate::space::{self, Space};
 use kernel::{
     bindings,
@@ -151,8 +151,9 @@ fn cpu_fault(region: &Arc<Region>, vmf: *mut bindings::vm_fault, addr: usize, wr
 }
 
 /// Device fault: services a coalesced, sorted batch of page addresses of `space` for
-/// `dev`, block (2 MiB) by block, page by page (the page lock is taken per page); after
-/// each block, density prefetch may fetch more of it.
+/// `dev`, block (2 MiB) by block: the pages of one block and region go to the block
+/// executor together, under one page lock; after each block, density prefetch may fetch
+/// more of it.
 pub(crate) fn device_fault(dev: &Arc<Device>, space: &Space, addrs: &[u64], write: bool) -> Result {
     let mm = space.mm_user().ok_or(EFAULT)?;
     let mmap = mm.mmap_read_lock();
@@ -162,22 +163,32 @@ pub(crate) fn device_fault(dev: &Arc<Device>, space: &Space, addrs: &[u64], writ
     // The region of the previous address and its VMA: looked up again only when the batch
     // crosses into another region.
     let mut cur: Option<(Arc<Region>, Option<&kernel::mm::virt::VmaRef>)> = None;
+    let mut idx: KVec<usize> = KVec::with_capacity(migrate::BATCH_PAGES, GFP_KERNEL)?;
     for block in batch::by_block(addrs) {
         let mut faulted = [0u64; 8];
-        for &a in block {
-            let a = usize::try_from(a).map_err(|_| EFAULT)?;
+        let mut rest = block;
+        while let Some(&a0) = rest.first() {
+            let a0 = usize::try_from(a0).map_err(|_| EFAULT)?;
             let (r, vma) = match cur.take() {
-                Some((r, v)) if r.index(a).is_some() => (r, v),
+                Some((r, v)) if r.index(a0).is_some() => (r, v),
                 _ => {
-                    let r = space.region_at(a).ok_or(EFAULT)?;
+                    let r = space.region_at(a0).ok_or(EFAULT)?;
                     let v = mmap.vma_lookup(r.start).filter(|v| v.start() == r.start);
                     (r, v)
                 }
             };
-            let i = r.index(a).ok_or(EFAULT)?;
-            fault_page(dev, space, &r, vma, i, write, d)?;
-            let k = (a >> 12) & 511;
-            faulted[k / 64] |= 1 << (k % 64);
+            // The pages of this block that lie in region `r`.
+            idx.clear();
+            let mut taken = 0;
+            for &a in rest {
+                let Some(i) = usize::try_from(a).ok().and_then(|a| r.index(a)) else { break };
+                idx.push(i, GFP_KERNEL)?;
+                let k = (a as usize >> 12) & 511;
+                faulted[k / 64] |= 1 << (k % 64);
+                taken += 1;
+            }
+            fault_pages(dev, space, &r, vma, &idx, write, d)?;
+            rest = &rest[taken..];
             cur = Some((r, vma));
         }
         if let (Some((r, vma)), Some(&first)) = (&cur, block.first()) {
@@ -221,17 +232,39 @@ pub(crate) fn record_move(dev: Option<&Device>, space: &Space, va: u64) -> bool 
     matches!(v, Verdict::Throttle)
 }
 
-/// One page of a device fault; evicts and retries while the device is full.
-fn fault_page(
+/// The transition of a device access by `d` to page `i` of `r`, with the advice in force
+/// (and a page that kept bouncing treated as accessed-by: it stays on the host, mapped
+/// remotely, for a while).
+fn dev_fault_step(space: &Space, r: &Region, p: &Pages, i: usize, write: bool, d: u8) -> core::result::Result<Option<migrate::Step>, Refused> {
+    let bits = p.advice.get(i as u64);
+    let s = p.state(i);
+    let mut accessed_by = bits & (1 << d) != 0 || adv::preferred(bits) == Some(Target::Host);
+    if !accessed_by && tune::THRASH.load(Relaxed) && s.loc() == Loc::Host && {
+        let t = space.thrash.lock();
+        !t.table.is_empty() && t.table.pinned(r.va(i), now_ns())
+    } {
+        accessed_by = true;
+    }
+    let ev = Event::DevFault { dev: d, write, read_mostly: bits & adv::READ_MOSTLY != 0, accessed_by };
+    let (next, a) = transition(s, ev)?;
+    Ok((next != s || a != Actions::default()).then_some(migrate::Step { i, prev: s, next, a }))
+}
+
+/// The pages `idx` (ascending, of one block of `r`) of a device fault, as executor
+/// batches; evicts and retries while the device is full.
+fn fault_pages(
     dev: &Arc<Device>,
     space: &Space,
     r: &Arc<Region>,
     vma: Option<&kernel::mm::virt::VmaRef>,
-    i: usize,
+    idx: &[usize],
     write: bool,
     d: u8,
 ) -> Result {
-    for _attempt in 0..32 {
+    let mut steps: KVec<migrate::Step> = KVec::with_capacity(idx.len(), GFP_KERNEL)?;
+    let mut next_page = 0;
+    let mut attempts = 0;
+    while next_page < idx.len() {
         let mut p = r.pages.lock();
         if p.dead {
             return Err(EFAULT);
@@ -239,39 +272,58 @@ fn fault_page(
         if !dev.alive() {
             return Err(ENODEV);
         }
-        let bits = p.advice.get(i as u64);
-        let s = p.state(i);
-        let va = r.va(i);
-        let mut accessed_by = bits & (1 << d) != 0 || adv::preferred(bits) == Some(Target::Host);
-        // A page that kept bouncing stays on the host, mapped remotely, for a while.
-        if !accessed_by && tune::THRASH.load(Relaxed) && s.loc() == Loc::Host && {
-            let t = space.thrash.lock();
-            !t.table.is_empty() && t.table.pinned(va, now_ns())
-        } {
-            accessed_by = true;
-        }
-        let ev = Event::DevFault { dev: d, write, read_mostly: bits & adv::READ_MOSTLY != 0, accessed_by };
-        let (next, acts) = transition(s, ev).map_err(migrate::refusal_errno)?;
-        match migrate::apply(&Env::access(r, vma), &mut p, i, next, &acts) {
-            Err(e) if e == ENOSPC => {
-                drop(p);
-                evict::make_room_for(&acts, 32, Why::Fault)?;
-            }
-            res => {
-                drop(p);
-                Space::count(&space.stats.dev_faults);
-                if res.is_ok() && acts.alloc_frame.is_some() {
-                    DevStats::add(&dev.stats.fault_allocs, 1);
+        steps.clear();
+        let mut refusal = None;
+        for &i in &idx[next_page..] {
+            match dev_fault_step(space, r, &p, i, write, d) {
+                Ok(Some(st)) => steps.push(st, GFP_KERNEL)?,
+                Ok(None) => {}
+                Err(e) => {
+                    refusal = Some(migrate::refusal_errno(e));
+                    break;
                 }
-                if res.is_ok() && acts.copy != Copy::None && !matches!(acts.copy, Copy::ZeroDev(_)) && record_move(Some(dev), space, va) {
-                    // Throttle: let the other side make progress before this page moves again.
-                    kernel::time::delay::fsleep(kernel::time::Delta::from_micros(100));
-                }
-                return res;
             }
         }
+        let out = migrate::apply_batch(&Env::access(r, vma), &mut p, &steps);
+        let done = &steps[..out.done];
+        Space::add(&space.stats.dev_faults, done.len() as u64);
+        let allocs = done.iter().filter(|st| st.a.alloc_frame.is_some()).count();
+        DevStats::add(&dev.stats.fault_allocs, allocs as u64);
+        let mut throttle = false;
+        for st in done {
+            if st.a.copy != Copy::None && !matches!(st.a.copy, Copy::ZeroDev(_)) {
+                throttle |= record_move(Some(dev), space, r.va(st.i));
+            }
+        }
+        if out.done < steps.len() {
+            let stuck = steps[out.done];
+            match out.res {
+                Err(e) if e == ENOSPC => {
+                    // The device is full: evict (without the page lock), then retry from the
+                    // first page that did not get a frame.
+                    drop(p);
+                    attempts = if out.done > 0 { 1 } else { attempts + 1 };
+                    if attempts > 32 {
+                        return Err(ENOMEM);
+                    }
+                    next_page = idx.iter().position(|&i| i == stuck.i).unwrap_or(idx.len());
+                    let want = (steps.len() - out.done).clamp(32, migrate::BATCH_PAGES);
+                    evict::make_room_for(&stuck.a, want, Why::Fault)?;
+                    continue;
+                }
+                Err(e) => return Err(e),
+                Ok(()) => return Err(EINVAL),
+            }
+        }
+        drop(p);
+        if throttle {
+            // Let the other side make progress before these pages move again.
+            kernel::time::delay::fsleep(kernel::time::Delta::from_micros(100));
+        }
+        out.res?;
+        return refusal.map_or(Ok(()), Err);
     }
-    Err(ENOMEM)
+    Ok(())
 }
 
 /// Borrows the device behind a C handle as an `Arc`.

@@ -12,7 +12,8 @@ use crate::abi::{GmemCopy, GmemPte, GMEM_COPY_D2D, GMEM_COPY_D2H, GMEM_COPY_H2D,
 use crate::abi::{GMEM_PROT_READ, GMEM_PROT_WRITE};
 use crate::device::{self as devmod, DevStats, Device, DeviceOps, Owner, F_PREFETCHED};
 use crate::policy::evict::{F_CLEAN, F_LENT, F_PINNED, F_REF};
-use crate::policy::page_state::{Actions, Copy, Loc, PageState, Refused};
+use crate::policy::page_state::{Actions, Copy, Loc, PageState, Refused, MAX_DEVICES};
+use crate::space::Space;
 use crate::region::{devices_in, Pages, Region, PAGE_SIZE};
 use crate::registry;
 use crate::host_page::HostPage;
@@ -61,150 +62,370 @@ fn host_ptr(p: &Pages, i: usize) -> Result<*mut kernel::bindings::page> {
     p.host[i].as_ref().map(|pg| pg.as_ptr()).ok_or(EINVAL)
 }
 
-/// Frees what step 1/2 allocated when a later step fails.
-fn undo(p: &mut Pages, i: usize, new_host: bool, new_frame: &Option<(Arc<Device>, u32)>) {
-    if new_host {
-        p.host[i] = None;
+/// One page's transition, as the executor receives it: page `i` goes from `prev` (its
+/// state when the caller decided, under the same page lock) to `next` by the actions `a`.
+#[derive(Clone, Copy)]
+pub(crate) struct Step {
+    pub(crate) i: usize,
+    pub(crate) prev: PageState,
+    pub(crate) next: PageState,
+    pub(crate) a: Actions,
+}
+
+/// What [`apply_batch`] did: the first `done` steps were committed (the others left
+/// untouched); `res` is the error that stopped the rest, or, with every step committed,
+/// a failure to install the new device mappings (the pages are valid, merely unmapped).
+pub(crate) struct Outcome {
+    pub(crate) done: usize,
+    pub(crate) res: Result,
+}
+
+/// What step 1 allocated for one page.
+#[derive(Clone, Copy, Default)]
+struct Fresh {
+    host: bool,
+    frame: Option<(u8, u32)>,
+}
+
+/// The devices a batch touches, each looked up in the registry once.
+struct Devs([Option<Arc<Device>>; MAX_DEVICES]);
+
+impl Devs {
+    fn new() -> Self {
+        Devs(Default::default())
     }
-    if let Some((d, f)) = new_frame {
-        d.free_frame(*f);
+
+    fn get(&mut self, id: u8) -> Result<&Arc<Device>> {
+        let slot = self.0.get_mut(id as usize).ok_or(ENODEV)?;
+        if slot.is_none() {
+            *slot = Some(device(id)?);
+        }
+        slot.as_ref().ok_or(ENODEV)
     }
 }
 
-/// Applies the transition `p.state(i) -> next` whose actions are `a`.
-///
-/// On error before the commit point the page keeps its old state and nothing allocated is
-/// kept (mappings may have been revoked: they come back on the next fault).
-pub(crate) fn apply(env: &Env<'_>, p: &mut Pages, i: usize, next: PageState, a: &Actions) -> Result {
-    let region = env.region;
-    let space = &region.space;
-    let va = region.va(i);
-    let old_frame = p.frame[i];
+/// Frames handed out to a batch: taken from each device's pool in one go (one pool lock
+/// per device and batch) and given to the steps in order; what is left goes back.
+struct FrameSupply {
+    frames: [KVec<u32>; MAX_DEVICES],
+}
 
-    // 1. Host page (zeroed, charged to the process's memcg).
-    let mut new_host = false;
-    if a.alloc_host && p.host[i].is_none() {
-        // A page a D2H copy fills whole needs no zeroing first.
-        p.host[i] = Some(HostPage::alloc(space.mm(), !matches!(a.copy, Copy::D2H(_)))?);
-        new_host = true;
-    }
-    // 2. Device frame; a frame that becomes a duplicate needs room in the side list.
-    let mut new_frame = None;
-    if let Some(d) = a.alloc_frame {
-        // A device that started unregistering takes nothing new. Evacuation marks it dead
-        // first and then takes every region lock, so checking here, under the region lock,
-        // cannot miss it.
-        let r = device(d).and_then(|dev| if dev.alive() { Ok(dev) } else { Err(ENODEV) }).and_then(|dev| {
-            if next.loc() != Loc::Device(d) {
-                p.dups.reserve()?;
-            }
-            let f = dev.alloc_frame()?;
-            Ok((dev, f))
-        });
-        match r {
-            Ok(nf) => new_frame = Some(nf),
-            Err(e) => {
-                undo(p, i, new_host, &None);
-                return Err(e);
-            }
-        }
-    }
-
-    // 4. Revoke the CPU mapping, 5. then device mappings (before the copy, see above).
-    if a.zap_cpu {
-        if let Some(vma) = env.vma {
-            vma.zap_vma_range(va as usize, PAGE_SIZE);
-        }
-    }
-    let old_loc = p.state(i).loc();
-    for d in devices_in(a.unmap_dev) {
-        let Ok(dev) = device(d) else { continue };
-        // A device that is gone has no page table left to unmap from.
-        let (Some(ops), Some(ctx)) = (dev.ops(), space.ctx_if_any(&dev)) else { continue };
-        if old_loc == Loc::Device(d) && a.free_frame == Some(d) && dev.flags(old_frame) & F_PREFETCHED != 0 {
-            // A prefetched page leaves: did the device ever touch it?
-            settle_prefetch(&dev, ops.test_clear_accessed(ctx, va).unwrap_or(false));
-        }
-        ops.unmap(ctx, va, 1);
-        ops.tlb_invalidate(ctx, va, 1);
-    }
-
-    // 3. Data.
-    let nf = new_frame.as_ref().map(|(_, f)| u64::from(*f)).unwrap_or(0);
-    let r = match a.copy {
-        Copy::None => Ok(()),
-        Copy::ZeroHost => {
-            if !new_host {
-                if let Some(pg) = p.host[i].as_ref() {
-                    pg.zero();
+impl FrameSupply {
+    fn new(devs: &mut Devs, steps: &[Step]) -> Self {
+        let mut want = [0usize; MAX_DEVICES];
+        for st in steps {
+            if let Some(d) = st.a.alloc_frame {
+                if let Some(w) = want.get_mut(d as usize) {
+                    *w += 1;
                 }
             }
-            Ok(())
         }
-        Copy::ZeroDev(d) => device(d).and_then(|dev| {
-            DevStats::add(&dev.stats.pages_zeroed, 1);
-            let c = GmemCopy { host: core::ptr::null_mut(), frame: nf, peer_frame: 0 };
-            dev.ops().ok_or(ENODEV)?.copy(GMEM_COPY_ZERO, &[c], None)
-        }),
-        Copy::H2D(d) => device(d).and_then(|dev| {
-            DevStats::add(&dev.stats.pages_h2d, 1);
-            let c = GmemCopy { host: host_ptr(p, i)?, frame: nf, peer_frame: 0 };
-            dev.ops().ok_or(ENODEV)?.copy(GMEM_COPY_H2D, &[c], None)
-        }),
-        Copy::D2H(o) => device(o).and_then(|dev| {
-            DevStats::add(&dev.stats.pages_d2h, 1);
-            let c = GmemCopy { host: host_ptr(p, i)?, frame: u64::from(old_frame), peer_frame: 0 };
-            dev.ops().ok_or(ENODEV)?.copy(GMEM_COPY_D2H, &[c], None)
-        }),
-        Copy::D2D { from, to } => device(from).and_then(|src| {
-            let dst = device(to)?;
+        let mut sup = FrameSupply { frames: Default::default() };
+        for (d, &w) in want.iter().enumerate() {
+            if w == 0 {
+                continue;
+            }
+            // A device that started unregistering takes nothing new. Evacuation marks it
+            // dead first and then takes every region lock, so checking here, under the
+            // region lock, cannot miss it. A shortfall shows as ENOSPC/ENODEV per step.
+            if let Ok(dev) = devs.get(d as u8) {
+                if dev.alive() {
+                    let _ = dev.alloc_frames(w, &mut sup.frames[d]);
+                    // Handed out front to back.
+                    sup.frames[d].reverse();
+                }
+            }
+        }
+        sup
+    }
+
+    fn take(&mut self, devs: &mut Devs, d: u8) -> Result<u32> {
+        let dev = devs.get(d)?;
+        if !dev.alive() {
+            return Err(ENODEV);
+        }
+        self.frames.get_mut(d as usize).and_then(|v| v.pop()).ok_or(ENOSPC)
+    }
+
+    /// Gives every frame not handed out back to its device.
+    fn give_back(&mut self, devs: &mut Devs) {
+        for d in 0..MAX_DEVICES {
+            while let Some(f) = self.frames[d].pop() {
+                if let Ok(dev) = devs.get(d as u8) {
+                    dev.free_frame(f);
+                }
+            }
+        }
+    }
+}
+
+/// Frees what step 1 allocated for one page when a later step fails.
+fn undo(p: &mut Pages, i: usize, fresh: &Fresh, devs: &mut Devs) {
+    if fresh.host {
+        p.host[i] = None;
+    }
+    if let Some((d, f)) = fresh.frame {
+        if let Ok(dev) = devs.get(d) {
+            dev.free_frame(f);
+        }
+    }
+}
+
+/// Runs `f(first_page, count)` for each maximal run of consecutive page indices among
+/// the steps that `pick` selects (steps are in ascending page order).
+fn runs(steps: &[Step], pick: impl Fn(&Step) -> bool, mut f: impl FnMut(usize, usize)) {
+    let mut cur: Option<(usize, usize)> = None;
+    for st in steps.iter().filter(|st| pick(st)) {
+        cur = match cur {
+            Some((a, n)) if a + n == st.i => Some((a, n + 1)),
+            Some((a, n)) => {
+                f(a, n);
+                Some((st.i, 1))
+            }
+            None => Some((st.i, 1)),
+        };
+    }
+    if let Some((a, n)) = cur {
+        f(a, n);
+    }
+}
+
+/// The copy a step needs from the driver, as (direction, source device, destination
+/// device) and its `gmem_copy` entry; `None` for no copy or a host-side zero fill.
+fn copy_entry(p: &Pages, st: &Step, fresh: &Fresh, old_frame: u32) -> Result<Option<((u32, u8, u8), GmemCopy)>> {
+    let nf = fresh.frame.map(|(_, f)| u64::from(f)).unwrap_or(0);
+    let null = core::ptr::null_mut();
+    Ok(Some(match st.a.copy {
+        Copy::None | Copy::ZeroHost => return Ok(None),
+        Copy::ZeroDev(d) => ((GMEM_COPY_ZERO, d, d), GmemCopy { host: null, frame: nf, peer_frame: 0 }),
+        Copy::H2D(d) => ((GMEM_COPY_H2D, d, d), GmemCopy { host: host_ptr(p, st.i)?, frame: nf, peer_frame: 0 }),
+        Copy::D2H(o) => ((GMEM_COPY_D2H, o, o), GmemCopy { host: host_ptr(p, st.i)?, frame: u64::from(old_frame), peer_frame: 0 }),
+        Copy::D2D { from, to } => ((GMEM_COPY_D2D, from, to), GmemCopy { host: null, frame: u64::from(old_frame), peer_frame: nf }),
+    }))
+}
+
+/// Step 3 for a whole batch: one driver call per (direction, source, destination), with
+/// every page of the batch that needs it; host-side zero fills in place.
+fn copy_batch(p: &Pages, steps: &[Step], fresh: &[Fresh], devs: &mut Devs) -> Result {
+    let mut done_keys: KVec<(u32, u8, u8)> = KVec::new();
+    let mut list: KVec<GmemCopy> = KVec::new();
+    for (k, st) in steps.iter().enumerate() {
+        if st.a.copy == Copy::ZeroHost && !fresh[k].host {
+            // A fresh host page comes zeroed; an existing one is cleared here.
+            if let Some(pg) = p.host[st.i].as_ref() {
+                pg.zero();
+            }
+        }
+        let Some((key, _)) = copy_entry(p, st, &fresh[k], p.frame[st.i])? else { continue };
+        if done_keys.contains(&key) {
+            continue;
+        }
+        done_keys.push(key, GFP_KERNEL)?;
+        // Every later step with the same key goes into this call.
+        list.clear();
+        for (m, st2) in steps.iter().enumerate().skip(k) {
+            if let Some((key2, c)) = copy_entry(p, st2, &fresh[m], p.frame[st2.i])? {
+                if key2 == key {
+                    list.push(c, GFP_KERNEL)?;
+                }
+            }
+        }
+        let (dir, from, to) = key;
+        let src = devs.get(from)?.clone();
+        let n = list.len() as u64;
+        let stat = match dir {
+            GMEM_COPY_ZERO => &src.stats.pages_zeroed,
+            GMEM_COPY_H2D => &src.stats.pages_h2d,
+            GMEM_COPY_D2H => &src.stats.pages_d2h,
+            _ => &src.stats.pages_d2d,
+        };
+        DevStats::add(stat, n);
+        DevStats::add(&src.stats.copy_calls, 1);
+        let sops = src.ops().ok_or(ENODEV)?;
+        if dir == GMEM_COPY_D2D {
+            let dst = devs.get(to)?.clone();
             if !src.same_driver(&dst) {
                 // Peer copies need one driver on both ends; the state machine's caller
                 // only offers peers of the same driver (see `evict::peer_for`).
                 return Err(EXDEV);
             }
-            DevStats::add(&src.stats.pages_d2d, 1);
-            let c = GmemCopy { host: core::ptr::null_mut(), frame: u64::from(old_frame), peer_frame: nf };
-            let (s, d) = (src.ops().ok_or(ENODEV)?, dst.ops().ok_or(ENODEV)?);
-            s.copy(GMEM_COPY_D2D, &[c], Some(&*d))
-        }),
-    };
-    if let Err(e) = r {
-        undo(p, i, new_host, &new_frame);
-        return Err(e);
+            let dops = dst.ops().ok_or(ENODEV)?;
+            sops.copy(dir, &list, Some(&*dops))?;
+        } else {
+            sops.copy(dir, &list, None)?;
+        }
+    }
+    Ok(())
+}
+
+/// Applies the transition `p.state(i) -> next` whose actions are `a` (one page).
+///
+/// On error before the commit point the page keeps its old state and nothing allocated is
+/// kept (mappings may have been revoked: they come back on the next fault).
+pub(crate) fn apply(env: &Env<'_>, p: &mut Pages, i: usize, next: PageState, a: &Actions) -> Result {
+    let prev = p.state(i);
+    let out = apply_batch(env, p, &[Step { i, prev, next, a: *a }]);
+    out.res
+}
+
+/// The block executor: carries out `steps` (distinct pages of one region, in ascending
+/// order, each decided on the page's current state) together, in the order of the module
+/// documentation, with one driver call per kind of work rather than per page:
+///
+/// 1. allocation, front to back (host pages; frames from each device's pool in one go).
+///    A step whose allocation fails ends the batch there: the steps before it proceed,
+///    it and the rest are left untouched (the caller may evict and retry them);
+/// 2. one CPU zap per run of consecutive pages;
+/// 3. per device: one `unmap` and one `tlb_invalidate` per run of consecutive pages;
+/// 4. one `copy` per (direction, source, destination); if any fails, every step is
+///    undone (each page keeps its old state, its mappings revoked);
+/// 5. per page: release the old placement and commit the new state;
+/// 6. per device: one `map` with every new entry.
+pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outcome {
+    let mut devs = Devs::new();
+    let mut fresh: KVec<Fresh> = KVec::new();
+    if let Err(e) = fresh.reserve(steps.len(), GFP_KERNEL) {
+        return Outcome { done: 0, res: Err(e.into()) };
+    }
+    let dups_needed = steps.iter().filter(|st| st.a.alloc_frame.is_some_and(|d| st.next.loc() != Loc::Device(d))).count();
+    if let Err(e) = p.dups.reserve(dups_needed) {
+        return Outcome { done: 0, res: Err(e) };
+    }
+    let space = &env.region.space;
+
+    // 1. Allocation.
+    let mut supply = FrameSupply::new(&mut devs, steps);
+    let mut stop = Ok(());
+    for st in steps {
+        let i = st.i;
+        let mut f = Fresh::default();
+        if st.a.alloc_host && p.host[i].is_none() {
+            // A page a D2H copy fills whole needs no zeroing first.
+            match HostPage::alloc(space.mm(), !matches!(st.a.copy, Copy::D2H(_))) {
+                Ok(pg) => {
+                    p.host[i] = Some(pg);
+                    f.host = true;
+                }
+                Err(e) => {
+                    stop = Err(e);
+                    break;
+                }
+            }
+        }
+        if let Some(d) = st.a.alloc_frame {
+            match supply.take(&mut devs, d) {
+                Ok(fr) => f.frame = Some((d, fr)),
+                Err(e) => {
+                    undo(p, i, &f, &mut devs);
+                    stop = Err(e);
+                    break;
+                }
+            }
+        }
+        // Capacity reserved above.
+        let _ = fresh.push(f, GFP_NOWAIT);
+    }
+    supply.give_back(&mut devs);
+    let steps = &steps[..fresh.len()];
+    if steps.is_empty() {
+        return Outcome { done: 0, res: stop };
     }
 
-    // 6. Release the old placement.
+    // 2. Revoke CPU mappings (before the copy, see the module documentation).
+    if let Some(vma) = env.vma {
+        runs(steps, |st| st.a.zap_cpu, |first, n| {
+            vma.zap_vma_range(env.region.va(first) as usize, n * PAGE_SIZE);
+            Space::count(&space.stats.cpu_zaps);
+        });
+    }
+    // 3. Revoke device mappings.
+    let unmap_mask = steps.iter().fold(0u16, |m, st| m | st.a.unmap_dev);
+    for d in devices_in(unmap_mask) {
+        let Ok(dev) = devs.get(d) else { continue };
+        // A device that is gone has no page table left to unmap from.
+        let (Some(ops), Some(ctx)) = (dev.ops(), space.ctx_if_any(dev)) else { continue };
+        for st in steps.iter().filter(|st| st.a.unmap_dev & (1 << d) != 0) {
+            let old_frame = p.frame[st.i];
+            if st.prev.loc() == Loc::Device(d) && st.a.free_frame == Some(d) && dev.flags(old_frame) & F_PREFETCHED != 0 {
+                // A prefetched page leaves: did the device ever touch it?
+                settle_prefetch(dev, ops.test_clear_accessed(ctx, env.region.va(st.i)).unwrap_or(false));
+            }
+        }
+        runs(steps, |st| st.a.unmap_dev & (1 << d) != 0, |first, n| {
+            let va = env.region.va(first);
+            ops.unmap(ctx, va, n as u64);
+            ops.tlb_invalidate(ctx, va, n as u64);
+            DevStats::add(&dev.stats.unmap_calls, 1);
+        });
+    }
+
+    // 4. Data.
+    if let Err(e) = copy_batch(p, steps, &fresh, &mut devs) {
+        for (st, f) in steps.iter().zip(fresh.iter()) {
+            undo(p, st.i, f, &mut devs);
+        }
+        return Outcome { done: 0, res: Err(e) };
+    }
+
+    // 5. Release the old placement, commit.
+    let mut kicked = 0u16;
+    for (st, f) in steps.iter().zip(fresh.iter()) {
+        commit(env, p, st, f, &mut devs, &mut kicked);
+    }
+    for d in devices_in(kicked) {
+        if let Ok(dev) = devs.get(d) {
+            devmod::kick(dev);
+        }
+    }
+
+    // 6. Device mappings (a failure leaves consistent, merely unmapped pages).
+    let map_mask = steps.iter().fold(0u16, |m, st| m | st.a.map_dev.map_or(0, |m| 1 << m.dev));
+    let mut res = stop;
+    for d in devices_in(map_mask) {
+        if let Err(e) = map_batch(env, p, steps, d, &mut devs) {
+            res = Err(e);
+        }
+    }
+    Outcome { done: steps.len(), res }
+}
+
+/// Step 5 for one page: frees the old frame and duplicates, records the new frame, sets
+/// the owner frame's replacement flags, drops the host page, then commits the state.
+fn commit(env: &Env<'_>, p: &mut Pages, st: &Step, fresh: &Fresh, devs: &mut Devs, kicked: &mut u16) {
+    let (i, next, a) = (st.i, st.next, &st.a);
+    let old_frame = p.frame[i];
     if let Some(o) = a.free_frame {
-        if let Ok(dev) = device(o) {
+        if let Ok(dev) = devs.get(o) {
             dev.free_frame(old_frame);
         }
     }
     for d in devices_in(a.free_dup_frames) {
         if let Some(f) = p.take_dup(i, d) {
-            if let Ok(dev) = device(d) {
+            if let Ok(dev) = devs.get(d) {
                 dev.free_frame(f);
             }
         }
     }
     let who = Owner { region: env.region.clone(), page: i as u32 };
-    if let Some((dev, f)) = new_frame {
-        if next.loc() == Loc::Device(dev.id as u8) {
+    if let Some((d, f)) = fresh.frame {
+        if next.loc() == Loc::Device(d) {
             p.frame[i] = f;
         } else {
-            // The tree node was reserved in step 2, so this cannot fail.
-            let _ = p.dups.insert(i, dev.id as u8, f);
-            dev.set_owner(f, who.clone(), F_CLEAN | F_REF, 0);
+            // The tree node was reserved before step 1, so this cannot fail.
+            let _ = p.dups.insert(i, d, f);
+            if let Ok(dev) = devs.get(d) {
+                dev.set_owner(f, who.clone(), F_CLEAN | F_REF, 0);
+            }
         }
-        devmod::kick(&dev);
+        *kicked |= 1 << d;
     }
     // The owner frame's replacement flags follow the page's state.
     if let Loc::Device(d) = next.loc() {
-        if let Ok(dev) = device(d) {
+        if let Ok(dev) = devs.get(d) {
             let f = p.frame[i];
             let old = dev.flags(f);
             if env.access && old & F_PREFETCHED != 0 && a.free_frame != Some(d) {
-                settle_prefetch(&dev, true);
+                settle_prefetch(dev, true);
             }
             let mut set = if next.pinned() { F_PINNED } else { 0 };
             if next.host_valid() && !next.dirty() {
@@ -214,44 +435,50 @@ pub(crate) fn apply(env: &Env<'_>, p: &mut Pages, i: usize, next: PageState, a: 
             dev.set_owner(f, who, set | if env.access { F_REF } else { 0 }, keep);
         }
     }
-    // 7.
     if a.free_host {
         p.host[i] = None;
     }
-    // Commit. A pin that ends gives its page back to the process's pin quota.
-    if p.state(i).pinned() && !next.pinned() {
-        crate::pin_quota::uncharge(space.mm(), 1);
+    // A pin that ends gives its page back to the process's pin quota.
+    if st.prev.pinned() && !next.pinned() {
+        crate::pin_quota::uncharge(env.region.space.mm(), 1);
     }
     p.state[i] = next.bits();
+}
 
-    // 8. Device mapping (a failure here leaves a consistent, merely unmapped page).
-    if let Some(m) = a.map_dev {
-        let dev = device(m.dev)?;
-        if !dev.alive() {
-            return Err(ENODEV);
-        }
-        let ops = dev.ops().ok_or(ENODEV)?;
-        let ctx = space.ctx(&dev)?;
+/// Step 6 for device `d`: one `map` call with the entries of every step that maps on it.
+fn map_batch(env: &Env<'_>, p: &Pages, steps: &[Step], d: u8, devs: &mut Devs) -> Result {
+    let dev = devs.get(d)?.clone();
+    if !dev.alive() {
+        return Err(ENODEV);
+    }
+    let ops = dev.ops().ok_or(ENODEV)?;
+    let ctx = env.region.space.ctx(&dev)?;
+    let mut ptes: KVec<GmemPte> = KVec::new();
+    for st in steps {
+        let Some(m) = st.a.map_dev.filter(|m| m.dev == d) else { continue };
+        let va = env.region.va(st.i);
         let prot = GMEM_PROT_READ | if m.writable { GMEM_PROT_WRITE } else { 0 };
         let pte = if m.remote_host {
             DevStats::add(&dev.stats.remote_maps, 1);
-            GmemPte { va, frame: 0, host: host_ptr(p, i)?, prot, pad: 0 }
+            GmemPte { va, frame: 0, host: host_ptr(p, st.i)?, prot, pad: 0 }
         } else {
-            let frame = if next.loc() == Loc::Device(m.dev) {
-                p.frame[i]
-            } else {
-                p.dup_frame(i, m.dev).ok_or(EINVAL)?
-            };
+            let frame = if st.next.loc() == Loc::Device(d) { p.frame[st.i] } else { p.dup_frame(st.i, d).ok_or(EINVAL)? };
             GmemPte { va, frame: u64::from(frame), host: core::ptr::null_mut(), prot, pad: 0 }
         };
-        ops.map(ctx, &[pte])?;
+        ptes.push(pte, GFP_KERNEL)?;
     }
-    Ok(())
+    DevStats::add(&dev.stats.map_calls, 1);
+    ops.map(ctx, &ptes)
 }
 
-/// Applies `event` to every page of `pages` in `range` (advice and teardown paths).
-/// Refused transitions are reported with `refused`; stops at the first execution error.
-/// Never-touched pages are skipped without a transition when `event` leaves them alone.
+/// Most steps one executor batch takes: one 2 MiB block of 4 KiB pages.
+pub(crate) const BATCH_PAGES: usize = 512;
+
+/// Applies `event` to every page of `pages` in `range` (advice and teardown paths), in
+/// executor batches of up to [`BATCH_PAGES`] pages. Refused transitions are reported with
+/// `refused` (the pages before the refused one are done); stops at the first execution
+/// error. Never-touched pages are skipped without a transition when `event` leaves them
+/// alone.
 pub(crate) fn apply_range(
     env: &Env<'_>,
     p: &mut Pages,
@@ -262,17 +489,33 @@ pub(crate) fn apply_range(
 ) -> Result {
     use crate::policy::page_state::transition;
     let skip_empty = matches!(transition(PageState::EMPTY, event), Ok((n, a)) if n == PageState::EMPTY && a == Actions::default());
-    for i in first..first.checked_add(count).ok_or(EINVAL)? {
-        if (i - first) % crate::sched::CHUNK == 0 {
-            crate::sched::cond_resched();
+    let end = first.checked_add(count).ok_or(EINVAL)?;
+    let mut steps: KVec<Step> = KVec::with_capacity(BATCH_PAGES, GFP_KERNEL)?;
+    let mut i = first;
+    while i < end {
+        crate::sched::cond_resched();
+        steps.clear();
+        let mut refusal = None;
+        while i < end && steps.len() < BATCH_PAGES {
+            if skip_empty && p.state[i] == PageState::EMPTY.bits() {
+                i += 1;
+                continue;
+            }
+            let s = p.state(i);
+            match transition(s, event) {
+                Err(_) => {
+                    refusal = Some(refused);
+                    break;
+                }
+                Ok((next, a)) if next != s || a != Actions::default() => steps.push(Step { i, prev: s, next, a }, GFP_KERNEL)?,
+                Ok(_) => {}
+            }
+            i += 1;
         }
-        if skip_empty && p.state[i] == PageState::EMPTY.bits() {
-            continue;
-        }
-        let s = p.state(i);
-        let (next, a) = transition(s, event).map_err(|_| refused)?;
-        if next != s || a != Actions::default() {
-            apply(env, p, i, next, &a)?;
+        let out = apply_batch(env, p, &steps);
+        out.res?;
+        if let Some(e) = refusal {
+            return Err(e);
         }
     }
     Ok(())

@@ -9,13 +9,13 @@
 //! Prefetch is speculative: it never evicts, it stops when the device is full.
 
 use crate::device::{DevStats, Device, Owner, F_PREFETCHED};
-use crate::migrate::{self, Env};
-use crate::policy::page_state::{transition, Event, Loc, Target};
+use crate::migrate::{self, Env, Step};
+use crate::policy::page_state::{transition, Actions, Event, Loc, Target};
 use crate::policy::prefetch::{density, BLOCK_PAGES};
 use crate::region::{Region, PAGE_SIZE};
 use crate::tune;
 use core::sync::atomic::Ordering::Relaxed;
-use kernel::{mm::virt::VmaRef, sync::Arc};
+use kernel::{mm::virt::VmaRef, prelude::*, sync::Arc};
 
 /// Runs density prefetch for the block at `block_va` of `r` after a fault batch that
 /// touched the pages in `faulted` (bitmap over the block's 512 pages).
@@ -35,7 +35,7 @@ pub(crate) fn on_fault(dev: &Arc<Device>, r: &Arc<Region>, vma: Option<&VmaRef>,
         }
     }
     let extra = density(&resident, faulted, &valid, tune::PREFETCH_PCT.load(Relaxed), BLOCK_PAGES);
-    let mut n = 0u64;
+    let Ok(mut steps) = KVec::<Step>::with_capacity(BLOCK_PAGES, GFP_KERNEL) else { return };
     for k in 0..BLOCK_PAGES {
         if extra[k / 64] & (1 << (k % 64)) == 0 {
             continue;
@@ -45,16 +45,22 @@ pub(crate) fn on_fault(dev: &Arc<Device>, r: &Arc<Region>, vma: Option<&VmaRef>,
         if p.advice.get(j as u64) != 0 {
             continue;
         }
-        let Ok((next, a)) = transition(p.state(j), Event::Prefetch { to: Target::Device(d) }) else { continue };
-        match migrate::apply(&Env::access(r, vma), &mut p, j, next, &a) {
-            Ok(()) => {
-                if next.loc() == Loc::Device(d) {
-                    dev.set_owner(p.frame[j], Owner { region: r.clone(), page: j as u32 }, F_PREFETCHED, 0xff);
-                    n += 1;
-                }
-            }
-            // Full (or out of host memory): prefetch is only a bet, stop here.
-            Err(_) => break,
+        let s = p.state(j);
+        let Ok((next, a)) = transition(s, Event::Prefetch { to: Target::Device(d) }) else { continue };
+        if next == s && a == Actions::default() {
+            continue;
+        }
+        // Capacity reserved above.
+        let _ = steps.push(Step { i: j, prev: s, next, a }, GFP_NOWAIT);
+    }
+    // One executor batch; when the device (or host memory) runs out part way, the rest is
+    // simply not fetched: prefetch is only a bet, it never evicts.
+    let out = migrate::apply_batch(&Env::access(r, vma), &mut p, &steps);
+    let mut n = 0u64;
+    for st in &steps[..out.done] {
+        if st.next.loc() == Loc::Device(d) {
+            dev.set_owner(p.frame[st.i], Owner { region: r.clone(), page: st.i as u32 }, F_PREFETCHED, 0xff);
+            n += 1;
         }
     }
     DevStats::add(&dev.stats.prefetched, n);

@@ -54,27 +54,27 @@ pub(crate) const ADVICE_RUNS: usize = 32;
 /// fail, so its node is reserved first ([`Dups::reserve`]), together with the frame.
 pub(crate) struct Dups {
     tree: RBTree<(usize, u8), u32>,
-    spare: Option<RBTreeNodeReservation<(usize, u8), u32>>,
+    spare: KVec<RBTreeNodeReservation<(usize, u8), u32>>,
     len: usize,
 }
 
 impl Dups {
     fn new() -> Self {
-        Dups { tree: RBTree::new(), spare: None, len: 0 }
+        Dups { tree: RBTree::new(), spare: KVec::new(), len: 0 }
     }
 
-    /// Makes sure the next [`Dups::insert`] needs no allocation.
-    pub(crate) fn reserve(&mut self) -> Result {
-        if self.spare.is_none() {
-            self.spare = Some(RBTreeNodeReservation::new(GFP_KERNEL_ACCOUNT)?);
+    /// Makes sure the next `n` [`Dups::insert`]s need no allocation.
+    pub(crate) fn reserve(&mut self, n: usize) -> Result {
+        while self.spare.len() < n {
+            self.spare.push(RBTreeNodeReservation::new(GFP_KERNEL_ACCOUNT)?, GFP_KERNEL_ACCOUNT)?;
         }
         Ok(())
     }
 
-    /// Records `frame` as `dev`'s duplicate of `page`. Uses the reserved node (or, if the
+    /// Records `frame` as `dev`'s duplicate of `page`. Uses a reserved node (or, if the
     /// caller did not reserve, allocates without sleeping and returns `ENOMEM` on failure).
     pub(crate) fn insert(&mut self, page: usize, dev: u8, frame: u32) -> Result {
-        let node = match self.spare.take() {
+        let node = match self.spare.pop() {
             Some(r) => r.into_node((page, dev), frame),
             None => RBTreeNode::new((page, dev), frame, GFP_NOWAIT)?,
         };
@@ -96,7 +96,7 @@ impl Dups {
 
     /// Approximate bytes used (one tree node per duplicate).
     pub(crate) fn bytes(&self) -> usize {
-        (self.len + usize::from(self.spare.is_some())) * core::mem::size_of::<RBTreeNode<(usize, u8), u32>>()
+        (self.len + self.spare.len()) * core::mem::size_of::<RBTreeNode<(usize, u8), u32>>()
     }
 }
 
@@ -243,7 +243,7 @@ mod tests {
             if i % crate::sched::CHUNK == 0 {
                 crate::sched::cond_resched();
             }
-            d.reserve().expect("reserve");
+            d.reserve(1).expect("reserve");
             d.insert(i / 3, (i % 3) as u8 * 5, i as u32).expect("insert");
         }
         assert_eq!(d.len, N);

@@ -26,6 +26,8 @@ use kernel::{
 pub(crate) struct SpaceStats {
     pub(crate) cpu_faults: AtomicU64,
     pub(crate) dev_faults: AtomicU64,
+    /// CPU page-table zaps by the block executor (one per run of consecutive pages).
+    pub(crate) cpu_zaps: AtomicU64,
 }
 
 #[pin_data(PinnedDrop)]
@@ -223,6 +225,10 @@ impl Space {
 
     pub(crate) fn count(c: &AtomicU64) {
         c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn add(c: &AtomicU64, n: u64) {
+        c.fetch_add(n, Ordering::Relaxed);
     }
 }
 
