@@ -11,12 +11,12 @@
 //! Lock order: a context's `pt` lock is a leaf; the driver never calls into gmem with it
 //! held, and gmem never holds a spinlock when it calls us.
 
-use core::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use kernel::{
     bindings, faux,
     ffi::{c_int, c_void},
     fs::File,
-    ioctl::_IOWR,
+    ioctl::{_IOW, _IOWR},
     miscdevice::{MiscDevice, MiscDeviceOptions, MiscDeviceRegistration},
     prelude::*,
     sync::{global_lock, Arc},
@@ -80,6 +80,10 @@ pub(crate) struct SimDev {
     copies: AtomicU64,
     tlb_flushes: AtomicU64,
     faults: AtomicU64,
+    /// Fault injection (`GMEM_SIM_IOC_FAIL_COPY`): the next copy call of more than this many
+    /// pages copies this many, then fails with `-fail_err`; `NO_FAILURE` when not armed.
+    fail_after: AtomicU64,
+    fail_err: AtomicU32,
     /// Set once `gmem_dev_unregister` returned: gmem promises no callback after that, and
     /// the sim checks it (a callback then is logged and WARNs, which fails the test run).
     unregistered: AtomicBool,
@@ -188,7 +192,16 @@ unsafe extern "C" fn op_tlb(drv: *mut c_void, _ctx: *mut c_void, _va: u64, _npag
 unsafe extern "C" fn op_copy(drv: *mut c_void, dir: u32, c: *const GmemCopy, n: u32, peer: *mut c_void) -> c_int {
     // SAFETY: gmem passes our `drv` and `n` valid entries.
     let (dev, pairs) = unsafe { (sim(drv), core::slice::from_raw_parts(c, n as usize)) };
-    for p in pairs {
+    // An armed failure fires once, in the middle of the first call long enough for it.
+    let armed = dev.fail_after.load(Ordering::Acquire);
+    let cut = (armed < u64::from(n) && dev.fail_after.compare_exchange(armed, NO_FAILURE, Ordering::AcqRel, Ordering::Relaxed).is_ok())
+        .then_some(armed as usize);
+    for (k, p) in pairs.iter().enumerate() {
+        if Some(k) == cut {
+            dev.copies.fetch_add(k as u64, Ordering::Relaxed);
+            // `fail_err` is in 1..=4095 (checked when armed).
+            return -(dev.fail_err.load(Ordering::Relaxed) as c_int);
+        }
         let Some(frame) = dev.pool.frame(p.frame) else { return EINVAL.to_errno() };
         match dir {
             // SAFETY (all arms): frames are pages of our pool; host pages are owned by gmem
@@ -277,8 +290,25 @@ unsafe impl FromBytes for InfoArg {}
 // SAFETY: as above.
 unsafe impl AsBytes for InfoArg {}
 
+/// `struct gmem_sim_fail_copy`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct FailCopyArg {
+    argsz: u32,
+    err: u32,
+    after: u64,
+    reserved: [u64; 2],
+}
+// SAFETY: integers only, no padding.
+unsafe impl FromBytes for FailCopyArg {}
+// SAFETY: as above.
+unsafe impl AsBytes for FailCopyArg {}
+
 const IOC_LAUNCH: u32 = _IOWR::<LaunchArg>(b'S' as u32, 0x01);
 const IOC_INFO: u32 = _IOWR::<InfoArg>(b'S' as u32, 0x02);
+const IOC_FAIL_COPY: u32 = _IOW::<FailCopyArg>(b'S' as u32, 0x03);
+/// `fail_after` when no copy failure is armed.
+const NO_FAILURE: u64 = u64::MAX;
 
 /// One open of `/dev/gmem_simN`.
 struct SimFile {
@@ -336,6 +366,17 @@ impl SimFile {
         w.write(&l)
     }
 
+    /// Arms a one-shot copy-engine failure (fault injection for the tests).
+    fn fail_copy(&self, arg: usize) -> Result {
+        let f: FailCopyArg = UserSlice::new(UserPtr::from_addr(arg), core::mem::size_of::<FailCopyArg>()).reader().read()?;
+        if f.argsz as usize != core::mem::size_of::<FailCopyArg>() || f.reserved != [0; 2] || f.err == 0 || f.err > 4095 || f.after == NO_FAILURE {
+            return Err(EINVAL);
+        }
+        self.dev.fail_err.store(f.err, Ordering::Relaxed);
+        self.dev.fail_after.store(f.after, Ordering::Release);
+        Ok(())
+    }
+
     fn info(&self, arg: usize) -> Result {
         let (mut r, mut w) = UserSlice::new(UserPtr::from_addr(arg), core::mem::size_of::<InfoArg>()).reader_writer();
         let mut i: InfoArg = r.read()?;
@@ -367,6 +408,7 @@ impl MiscDevice for SimFile {
         match cmd {
             IOC_LAUNCH => me.launch(arg),
             IOC_INFO => me.info(arg),
+            IOC_FAIL_COPY => me.fail_copy(arg),
             _ => Err(ENOTTY),
         }
         .map(|()| 0)
@@ -391,6 +433,8 @@ impl SimModule {
                 copies: AtomicU64::new(0),
                 tlb_flushes: AtomicU64::new(0),
                 faults: AtomicU64::new(0),
+                fail_after: AtomicU64::new(NO_FAILURE),
+                fail_err: AtomicU32::new(0),
                 unregistered: AtomicBool::new(false),
             },
             GFP_KERNEL,

@@ -31,7 +31,7 @@ pub(crate) unsafe fn access(region: &Arc<Region>, addr: usize, buf: *mut u8, len
     // only one). A page pinned on a device, or lost, is refused as it is for the CPU.
     let (next, a) = crate::fault::cpu_transition(p.state(i), write).map_err(migrate::refusal_errno)?;
     migrate::apply(&Env::access(region, None), &mut p, i, next, &a)?;
-    let page = p.host[i].as_ref().ok_or(EFAULT)?;
+    let page = p.host(i).ok_or(EFAULT)?;
     let m = page.map();
     // SAFETY: the mapping covers the page and `off + n <= PAGE_SIZE`; `buf` is valid for
     // `n <= len` bytes by the caller's contract; the page is held under the page lock.

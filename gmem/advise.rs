@@ -8,7 +8,7 @@
 //! one region. Lock order as in the fault paths: mmap lock -> region pages.
 
 use crate::migrate::{self, Env};
-use crate::policy::page_state::{transition, Event, Target};
+use crate::policy::page_state::{transition, Event, PageState, Target};
 use crate::policy::range::{self, PageRange, RangeError};
 use crate::region::{adv, Region};
 use crate::registry;
@@ -155,14 +155,17 @@ fn move_pages(space: &Space, region: &Arc<Region>, first: usize, count: usize, a
         // Every page of the range that is not pinned yet becomes a pinned frame of `d`.
         let newly = {
             let p = region.pages.lock();
-            let mut newly = 0u64;
-            for i in first..end {
+            // Pages of untouched blocks are not pinned; only touched blocks are walked.
+            let mut pinned = 0u64;
+            let mut next = first;
+            while let Some(i) = p.meta.touched_from(next).filter(|&i| i < end) {
+                next = i + 1;
                 if (i - first) % crate::sched::CHUNK == 0 {
                     crate::sched::cond_resched();
                 }
-                newly += u64::from(!p.state(i).pinned());
+                pinned += u64::from(p.state(i).pinned());
             }
-            newly
+            (end - first) as u64 - pinned
         };
         if newly + dev.frames_pinned() > dev.nr_frames {
             return Err(ENOSPC);
@@ -190,10 +193,20 @@ fn move_range(
     cancelled: &dyn Fn() -> bool,
     pinned: &mut u64,
 ) -> Result {
+    // Advice that leaves never-touched pages alone (DONTNEED, UNPIN) skips untouched
+    // metadata blocks whole: on a terabyte region it must not walk every page.
+    let skip_untouched = matches!(transition(PageState::EMPTY, event), Ok((n, a)) if n == PageState::EMPTY && a == Default::default());
     let mut i = first;
     while i < end {
         if crate::sched::fatal_signal_pending() || cancelled() {
             return Err(EINTR);
+        }
+        if skip_untouched {
+            let next = region.pages.lock().meta.touched_from(i);
+            match next {
+                Some(t) if t < end => i = t,
+                _ => return Ok(()),
+            }
         }
         let mm = space.mm_user().ok_or(EFAULT)?;
         let mmap = mm.mmap_read_lock();

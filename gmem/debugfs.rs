@@ -149,13 +149,20 @@ fn show_spaces(_: &(), f: &mut fmt::Formatter<'_>) -> fmt::Result {
             c.regions += 1;
             c.metadata += r.metadata_bytes();
             let p = r.pages.lock();
-            for i in 0..r.npages {
+            // Pages of untouched blocks are all `Loc::None`; only touched blocks are walked.
+            c.none += r.npages;
+            let mut next = 0;
+            while let Some(i) = p.meta.touched_from(next) {
+                next = i + 1;
                 if i % crate::sched::CHUNK == 0 {
                     crate::sched::cond_resched();
                 }
                 let st = p.state(i);
+                if st.loc() != Loc::None {
+                    c.none -= 1;
+                }
                 match st.loc() {
-                    Loc::None => c.none += 1,
+                    Loc::None => {}
                     Loc::Host => c.host += 1,
                     Loc::Lost => c.lost += 1,
                     Loc::Device(d) => c.device[d as usize % MAX_DEVICES] += 1,

@@ -23,7 +23,8 @@ use crate::policy::page_state::Target;
 use crate::region::adv;
 use crate::migrate::{self, Env};
 use crate::policy::evict::{reclaim_target, F_REF};
-use crate::policy::page_state::{transition, Actions, Event, Loc};
+use crate::policy::page_state::{transition, Actions, Copy, Event, Loc};
+use crate::migrate::Step;
 use crate::region::{Region, PAGE_SIZE};
 use crate::{registry, tune};
 use core::sync::atomic::Ordering::Relaxed;
@@ -51,53 +52,102 @@ fn peer_for(dev: &Device) -> Option<Arc<Device>> {
         .max_by_key(|p| p.frames_free())
 }
 
-/// Evicts one page (index `i` of `region`, held on `dev`); returns pages freed on `dev`,
-/// or `ENOMEM` when host memory (or the memory cgroup) is exhausted: then nothing more can
-/// be evicted to the host and the caller stops.
-fn evict_page(
-    dev: &Device,
-    region: &Arc<Region>,
-    p: &mut crate::region::Pages,
-    i: usize,
-    peer: &Option<Arc<Device>>,
-) -> Result<usize> {
+/// The eviction step of page `i` of `region`, held on `dev`: a read-only duplicate is
+/// dropped, a dirty owner page is parked on the peer while `peer_room` lasts (then
+/// decremented), anything else goes to the host (a clean page without a copy). `None`
+/// for a pinned page or one `dev` no longer holds.
+fn evict_step(dev: &Device, p: &crate::region::Pages, i: usize, peer: &Option<Arc<Device>>, peer_room: &mut u64) -> Option<Step> {
     let d = dev.id as u8;
     let s = p.state(i);
-    let env = Env::background(region);
-    if s.loc() != Loc::Device(d) {
-        // A read-only duplicate held on `dev`: just drop it.
+    let ev = if s.loc() != Loc::Device(d) {
         if s.dup_mask() & (1 << d) == 0 {
-            return Ok(0);
+            return None;
         }
-        let (next, a) = transition(s, Event::DeviceGone { dev: d }).map_err(|_| EINVAL)?;
-        migrate::apply(&env, p, i, next, &a)?;
-        DevStats::add(&dev.stats.evicted_clean, 1);
-        return Ok(1);
-    }
-    if s.pinned() {
-        return Ok(0);
-    }
-    let clean = s.host_valid() && !s.dirty();
-    // The lender's reserve is re-checked for every victim: its own allocations win.
-    if let (Some(peer), false) = (peer, clean) {
-        if peer.alive() && peer.frames_free() > peer.high() + 1 {
-            if let Ok((next, a)) = transition(s, Event::EvictTo { dev: peer.id as u8 }) {
-                if migrate::apply(&env, p, i, next, &a).is_ok() {
-                    DevStats::add(&dev.stats.evicted_to_peer, 1);
-                    // Park it: the lender reclaims parked frames first.
-                    peer.set_owner(p.frame[i], Owner { region: region.clone(), page: i as u32 }, F_LENT, 0);
-                    // Its host copy is made in the background, so the lender can drop it later.
-                    crate::device::kick_always(peer);
-                    return Ok(1);
-                }
+        Event::DeviceGone { dev: d }
+    } else if s.pinned() {
+        return None;
+    } else {
+        let clean = s.host_valid() && !s.dirty();
+        match peer {
+            Some(peer) if !clean && *peer_room > 0 => {
+                *peer_room -= 1;
+                Event::EvictTo { dev: peer.id as u8 }
             }
+            _ => Event::Evict,
+        }
+    };
+    let (next, a) = transition(s, ev).ok()?;
+    Some(Step { i, prev: s, next, a })
+}
+
+/// Evicts the pages `idx` of `region` (held on `dev`) as one executor batch; returns
+/// pages freed on `dev`, or `ENOMEM` when host memory (or the memory cgroup) is exhausted:
+/// then nothing more can be evicted to the host and the caller stops.
+fn evict_pages(dev: &Device, region: &Arc<Region>, p: &mut crate::region::Pages, idx: &[usize], peer: &Option<Arc<Device>>) -> Result<usize> {
+    // The lender's reserve is respected for the whole batch: its own allocations win.
+    let mut peer_room = match peer {
+        Some(peer) if peer.alive() => peer.frames_free().saturating_sub(peer.high() + 1),
+        _ => 0,
+    };
+    let mut steps: KVec<Step> = KVec::with_capacity(idx.len(), GFP_KERNEL)?;
+    for &i in idx {
+        if let Some(st) = evict_step(dev, p, i, peer, &mut peer_room) {
+            steps.push(st, GFP_KERNEL)?;
         }
     }
-    let (next, a) = transition(s, Event::Evict).map_err(|_| EINVAL)?;
-    migrate::apply(&env, p, i, next, &a)?;
-    let c = if clean { &dev.stats.evicted_clean } else { &dev.stats.evicted_to_host };
-    DevStats::add(c, 1);
-    Ok(1)
+    let env = Env::background(region);
+    let mut freed = 0;
+    let mut from = 0;
+    while from < steps.len() {
+        let out = migrate::apply_batch(&env, p, &steps[from..]);
+        for st in &steps[from..from + out.done] {
+            let c = match st.a.copy {
+                _ if st.prev.loc() != Loc::Device(dev.id as u8) => &dev.stats.evicted_clean,
+                Copy::D2D { to, .. } => {
+                    if let Some(peer) = peer.as_ref().filter(|peer| peer.id as u8 == to) {
+                        // Park it: the lender reclaims parked frames first, and makes its
+                        // host copy in the background so that it can drop it later.
+                        peer.set_owner(p.frame(st.i), Owner { region: region.clone(), page: st.i as u32 }, F_LENT, 0);
+                    }
+                    &dev.stats.evicted_to_peer
+                }
+                Copy::None => &dev.stats.evicted_clean,
+                _ => &dev.stats.evicted_to_host,
+            };
+            DevStats::add(c, 1);
+        }
+        freed += out.done;
+        from += out.done;
+        if let Some(peer) = peer.as_ref().filter(|_| steps[..from].iter().any(|st| matches!(st.a.copy, Copy::D2D { .. }))) {
+            crate::device::kick_always(peer);
+        }
+        match out.res {
+            Ok(()) => break,
+            Err(e) if e == ENOMEM => return Err(ENOMEM),
+            Err(_) if from < steps.len() => {
+                // The step at `from` failed (the peer filled up meanwhile, say): it and
+                // the rest go to the host instead.
+                let mut none = 0;
+                for k in from..steps.len() {
+                    if let Some(st) = evict_step(dev, p, steps[k].i, &None, &mut none) {
+                        steps[k] = st;
+                    }
+                }
+                let retry = migrate::apply_batch(&env, p, &steps[from..]);
+                for st in &steps[from..from + retry.done] {
+                    let c = if st.a.copy == Copy::None { &dev.stats.evicted_clean } else { &dev.stats.evicted_to_host };
+                    DevStats::add(c, 1);
+                }
+                freed += retry.done;
+                if retry.res.is_err_and(|e| e == ENOMEM) {
+                    return Err(ENOMEM);
+                }
+                break;
+            }
+            Err(_) => break,
+        }
+    }
+    Ok(freed)
 }
 
 /// Whether the page at `i` (owner frame `frame` on `dev`) deserves a second chance: the
@@ -132,7 +182,7 @@ fn evict_victim(dev: &Device, frame: u32, who: &Owner, peer: &Option<Arc<Device>
     }
     let d = dev.id as u8;
     let s = p.state(i);
-    let owner = s.loc() == Loc::Device(d) && p.frame[i] == frame;
+    let owner = s.loc() == Loc::Device(d) && p.frame(i) == frame;
     if !owner && p.dup_frame(i, d) != Some(frame) {
         return Ok(0);
     }
@@ -141,15 +191,16 @@ fn evict_victim(dev: &Device, frame: u32, who: &Owner, peer: &Option<Arc<Device>
     if owner && spare(dev, region, ctx, &p, i, frame) {
         return Ok(0);
     }
-    let mut freed = evict_page(dev, region, &mut p, i, peer)?;
-    // The rest of its 2 MiB block in this region, if cold.
+    // The victim and the cold rest of its 2 MiB block in this region, as one batch.
+    // Neighbours go along only while the caller still needs frames.
+    let mut idx: KVec<usize> = KVec::with_capacity(migrate::BATCH_PAGES, GFP_KERNEL)?;
+    idx.push(i, GFP_KERNEL)?;
     let pages_per_block = (1usize << 21) / PAGE_SIZE;
     let block = (region.va(i) as usize) & !((1usize << 21) - 1);
     let first = if block < region.start { 0 } else { (block - region.start) / PAGE_SIZE };
     let last = core::cmp::min(region.npages, first + pages_per_block);
     for j in first..last {
-        // Neighbours go along only while the caller still needs frames.
-        if freed >= budget {
+        if idx.len() >= budget {
             break;
         }
         if j == i {
@@ -159,13 +210,15 @@ fn evict_victim(dev: &Device, frame: u32, who: &Owner, peer: &Option<Arc<Device>
         if sj.loc() != Loc::Device(d) || sj.pinned() {
             continue;
         }
-        let fj = p.frame[j];
+        let fj = p.frame(j);
         if dev.flags(fj) & F_REF != 0 || spare(dev, region, ctx, &p, j, fj) {
             continue;
         }
-        freed += evict_page(dev, region, &mut p, j, peer)?;
+        idx.push(j, GFP_KERNEL)?;
     }
-    Ok(freed)
+    // In page order, as the executor wants.
+    idx.sort_unstable();
+    evict_pages(dev, region, &mut p, &idx, peer)
 }
 
 /// Frees at least `want` frames on `dev` if that many are evictable; returns frames freed
@@ -235,7 +288,7 @@ fn write_back_parked(dev: &Device) {
             continue;
         }
         let s = p.state(i);
-        if s.loc() != Loc::Device(dev.id as u8) || p.frame[i] != *f {
+        if s.loc() != Loc::Device(dev.id as u8) || p.frame(i) != *f {
             continue;
         }
         if let Ok((next, a)) = transition(s, Event::WriteBack) {

@@ -127,6 +127,12 @@ pub(crate) fn cpu_transition(s: PageState, write: bool) -> core::result::Result<
 
 /// CPU fault: bring the page to the host and map it. A page pinned on a device, a torn
 /// down region or an address outside the region gets SIGBUS.
+///
+/// Fault-around: when the page comes from a device, the other device pages of its 2 MiB
+/// block that the density rule picks (`prefetch::cpu_window`) come home in the same
+/// executor batch and are mapped too, so a stream of CPU faults over device memory takes
+/// a few batches per block instead of a fault per page. Pinned, lost and advised pages
+/// are left alone.
 fn cpu_fault(region: &Arc<Region>, vmf: *mut bindings::vm_fault, addr: usize, write: bool) -> Result<bindings::vm_fault_t> {
     let i = region.index(addr).ok_or(EFAULT)?;
     let mut p = region.pages.lock();
@@ -136,15 +142,51 @@ fn cpu_fault(region: &Arc<Region>, vmf: *mut bindings::vm_fault, addr: usize, wr
     let s = p.state(i);
     let (next, a) = cpu_transition(s, write).map_err(|_| EFAULT)?;
     Space::count(&region.space.stats.cpu_faults);
-    migrate::apply(&Env::access(region, None), &mut p, i, next, &a)?;
-    if matches!(a.copy, Copy::D2H(_)) || (matches!(s.loc(), Loc::Device(_)) && next.loc() == Loc::Host) {
-        // Throttling is the device side's job; the CPU side only records the move.
-        let _ = record_move(None, &region.space, region.va(i));
+    let mut steps: KVec<migrate::Step> = KVec::new();
+    let mut around: KVec<usize> = KVec::new();
+    if matches!(s.loc(), Loc::Device(_)) && tune::PREFETCH.load(Relaxed) {
+        // Fault-around is a bet: if its bookkeeping cannot be had, the page comes alone.
+        let _ = prefetch::cpu_window(region, &p, i, &mut around);
+    }
+    for &j in around.iter() {
+        let sj = p.state(j);
+        if !matches!(sj.loc(), Loc::Device(_)) || sj.pinned() {
+            continue;
+        }
+        if let Ok((nj, aj)) = cpu_transition(sj, false) {
+            steps.push(migrate::Step { i: j, prev: sj, next: nj, a: aj }, GFP_KERNEL)?;
+        }
+    }
+    let at = steps.iter().position(|st| st.i > i).unwrap_or(steps.len());
+    steps.reserve(1, GFP_KERNEL)?;
+    // Capacity reserved just above, and `at <= len`.
+    steps.insert_within_capacity(at, migrate::Step { i, prev: s, next, a }).map_err(|_| ENOMEM)?;
+    let out = migrate::apply_batch(&Env::access(region, None), &mut p, &steps);
+    if out.done <= at {
+        // The faulting page was not moved (the batch stopped at or before it).
+        return Err(out.res.err().unwrap_or(EFAULT));
+    }
+    for st in &steps[..out.done] {
+        if matches!(st.a.copy, Copy::D2H(_)) || (matches!(st.prev.loc(), Loc::Device(_)) && st.next.loc() == Loc::Host) {
+            // Throttling is the device side's job; the CPU side only records the move.
+            let _ = record_move(None, &region.space, region.va(st.i));
+        }
     }
     if !a.map_cpu {
         return Err(EFAULT);
     }
-    let page = p.host[i].as_ref().ok_or(EFAULT)?;
+    // SAFETY: `vmf` is the live fault descriptor of a GMEM VMA.
+    let vma = unsafe { (*vmf).__bindgen_anon_1.vma };
+    for st in steps[..out.done].iter().filter(|st| st.i != i && st.a.map_cpu) {
+        let Some(pg) = p.host(st.i) else { continue };
+        // A page that cannot be mapped now (its state says mapped) faults later and is
+        // mapped then; nothing is lost.
+        // SAFETY: the VMA is live and VM_MIXEDMAP (set at mmap) with the mmap or VMA lock
+        // held by the fault; the page belongs to the region, which keeps it until it zaps
+        // this mapping (under the page lock we hold).
+        let _ = unsafe { bindings::vm_insert_page(vma, region.va(st.i) as c_ulong, pg.as_ptr()) };
+    }
+    let page = p.host(i).ok_or(EFAULT)?;
     // SAFETY: `vmf` is the live fault descriptor; the page belongs to the region, which
     // keeps it until it zaps this mapping (all under the page lock we hold).
     Ok(unsafe { bindings::vmf_insert_page_mkwrite(vmf, page.as_ptr(), true) })

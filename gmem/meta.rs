@@ -92,3 +92,170 @@ impl<T: ZeroIsEmpty> Drop for Meta<T> {
         unsafe { bindings::kvfree(self.ptr.as_ptr().cast()) };
     }
 }
+
+/// Pages per metadata block: one 2 MiB block of 4 KiB pages.
+pub(crate) const BLOCK_PAGES: usize = 512;
+/// Blocks per directory leaf (a leaf covers 1 GiB).
+const LEAF_BLOCKS: usize = 512;
+
+/// The metadata of one block's pages: exactly 16 bytes per page (the last block of a
+/// region may be shorter than [`BLOCK_PAGES`]).
+struct Block {
+    state: Meta<u32>,
+    frame: Meta<u32>,
+    host: Meta<Option<crate::host_page::HostPage>>,
+}
+
+impl Block {
+    fn new(pages: usize) -> Result<KBox<Block>> {
+        let b = Block { state: Meta::zeroed(pages)?, frame: Meta::zeroed(pages)?, host: Meta::zeroed(pages)? };
+        Ok(KBox::new(b, GFP_KERNEL_ACCOUNT)?)
+    }
+}
+
+/// A directory leaf: the blocks of 1 GiB of the region, `None` until touched.
+type Leaf = KVVec<Option<KBox<Block>>>;
+
+/// Per-page metadata of a region, allocated block by block on first touch ("lazy"): an
+/// untouched region costs one directory slot per GiB (24 bytes), a touched 1 GiB adds a
+/// 4 KiB leaf, and a touched block its 16 bytes per page. Pages of untouched blocks read as
+/// empty (state 0 = `PageState::EMPTY`, frame 0, no host page).
+///
+/// Writers first make the page's block exist with [`PageMeta::ensure`] (which can fail);
+/// the setters then cannot fail.
+pub(crate) struct PageMeta {
+    npages: usize,
+    dir: KVVec<Option<Leaf>>,
+}
+
+impl PageMeta {
+    /// The directory of an untouched region of `npages` pages.
+    pub(crate) fn new(npages: usize) -> Result<Self> {
+        let blocks = npages.div_ceil(BLOCK_PAGES);
+        let leaves = blocks.div_ceil(LEAF_BLOCKS);
+        let mut dir = KVVec::with_capacity(leaves, GFP_KERNEL_ACCOUNT)?;
+        for _ in 0..leaves {
+            dir.push(None, GFP_KERNEL_ACCOUNT)?;
+        }
+        Ok(PageMeta { npages, dir })
+    }
+
+    fn block(&self, i: usize) -> Option<&Block> {
+        let b = i / BLOCK_PAGES;
+        self.dir.get(b / LEAF_BLOCKS)?.as_ref()?.get(b % LEAF_BLOCKS)?.as_deref()
+    }
+
+    fn block_mut(&mut self, i: usize) -> Option<&mut Block> {
+        let b = i / BLOCK_PAGES;
+        self.dir.get_mut(b / LEAF_BLOCKS)?.as_mut()?.get_mut(b % LEAF_BLOCKS)?.as_deref_mut()
+    }
+
+    /// Makes the block of page `i` exist (`ENOMEM` if it cannot; `EINVAL` past the end).
+    pub(crate) fn ensure(&mut self, i: usize) -> Result {
+        if i >= self.npages {
+            return Err(EINVAL);
+        }
+        if self.block(i).is_some() {
+            return Ok(());
+        }
+        let b = i / BLOCK_PAGES;
+        let (l, k) = (b / LEAF_BLOCKS, b % LEAF_BLOCKS);
+        let blocks = self.npages.div_ceil(BLOCK_PAGES);
+        let slot = self.dir.get_mut(l).ok_or(EINVAL)?;
+        if slot.is_none() {
+            let n = core::cmp::min(LEAF_BLOCKS, blocks - l * LEAF_BLOCKS);
+            let mut leaf = KVVec::with_capacity(n, GFP_KERNEL_ACCOUNT)?;
+            for _ in 0..n {
+                leaf.push(None, GFP_KERNEL_ACCOUNT)?;
+            }
+            *slot = Some(leaf);
+        }
+        let pages = core::cmp::min(BLOCK_PAGES, self.npages - b * BLOCK_PAGES);
+        let block = Block::new(pages)?;
+        let entry = slot.as_mut().and_then(|leaf| leaf.get_mut(k)).ok_or(EINVAL)?;
+        *entry = Some(block);
+        Ok(())
+    }
+
+    pub(crate) fn state(&self, i: usize) -> u32 {
+        self.block(i).and_then(|b| b.state.get(i % BLOCK_PAGES)).copied().unwrap_or(0)
+    }
+
+    pub(crate) fn frame(&self, i: usize) -> u32 {
+        self.block(i).and_then(|b| b.frame.get(i % BLOCK_PAGES)).copied().unwrap_or(0)
+    }
+
+    pub(crate) fn host(&self, i: usize) -> Option<&crate::host_page::HostPage> {
+        self.block(i).and_then(|b| b.host.get(i % BLOCK_PAGES)?.as_ref())
+    }
+
+    /// Sets page `i`'s state; its block must exist ([`PageMeta::ensure`]), except for
+    /// the empty state, which untouched blocks already have.
+    pub(crate) fn set_state(&mut self, i: usize, bits: u32) {
+        match self.block_mut(i).and_then(|b| b.state.get_mut(i % BLOCK_PAGES)) {
+            Some(s) => *s = bits,
+            None if bits == 0 => {}
+            None => pr_err!("page {i}: state set in a block that was never allocated\n"),
+        }
+    }
+
+    /// Sets page `i`'s owner frame (block ensured, see [`PageMeta::set_state`]).
+    pub(crate) fn set_frame(&mut self, i: usize, frame: u32) {
+        match self.block_mut(i).and_then(|b| b.frame.get_mut(i % BLOCK_PAGES)) {
+            Some(f) => *f = frame,
+            None if frame == 0 => {}
+            None => pr_err!("page {i}: frame set in a block that was never allocated\n"),
+        }
+    }
+
+    /// Replaces page `i`'s host page, returning the old one (block ensured, see
+    /// [`PageMeta::set_state`]; without a block, a new page is handed back unused).
+    pub(crate) fn set_host(
+        &mut self,
+        i: usize,
+        page: Option<crate::host_page::HostPage>,
+    ) -> Option<crate::host_page::HostPage> {
+        match self.block_mut(i).and_then(|b| b.host.get_mut(i % BLOCK_PAGES)) {
+            Some(h) => core::mem::replace(h, page),
+            None => {
+                if page.is_some() {
+                    pr_err!("page {i}: host page set in a block that was never allocated\n");
+                }
+                page
+            }
+        }
+    }
+
+    /// The first page at or after `i` whose block exists (pages of untouched blocks are
+    /// empty: walks over a region skip them with this).
+    pub(crate) fn touched_from(&self, i: usize) -> Option<usize> {
+        if i >= self.npages {
+            return None;
+        }
+        // Below: `i < npages`, and every block starts below `npages`.
+        let mut b = i / BLOCK_PAGES;
+        let blocks = self.npages.div_ceil(BLOCK_PAGES);
+        while b < blocks {
+            let (l, k) = (b / LEAF_BLOCKS, b % LEAF_BLOCKS);
+            match self.dir.get(l)? {
+                None => b = (l + 1) * LEAF_BLOCKS,
+                Some(leaf) if leaf.get(k)?.is_some() => return Some(core::cmp::max(i, b * BLOCK_PAGES)),
+                Some(_) => b += 1,
+            }
+        }
+        None
+    }
+
+    /// Bytes allocated (directory, leaves and blocks).
+    pub(crate) fn bytes(&self) -> usize {
+        let slot = core::mem::size_of::<Option<Leaf>>();
+        let mut n = self.dir.len() * slot;
+        for leaf in self.dir.iter().flatten() {
+            n += leaf.len() * core::mem::size_of::<Option<KBox<Block>>>();
+            for b in leaf.iter().flatten() {
+                n += core::mem::size_of::<Block>() + b.state.bytes() + b.frame.bytes() + b.host.bytes();
+            }
+        }
+        n
+    }
+}

@@ -59,7 +59,7 @@ fn device(id: u8) -> Result<Arc<Device>> {
 }
 
 fn host_ptr(p: &Pages, i: usize) -> Result<*mut kernel::bindings::page> {
-    p.host[i].as_ref().map(|pg| pg.as_ptr()).ok_or(EINVAL)
+    p.host(i).map(|pg| pg.as_ptr()).ok_or(EINVAL)
 }
 
 /// One page's transition, as the executor receives it: page `i` goes from `prev` (its
@@ -162,7 +162,7 @@ impl FrameSupply {
 /// Frees what step 1 allocated for one page when a later step fails.
 fn undo(p: &mut Pages, i: usize, fresh: &Fresh, devs: &mut Devs) {
     if fresh.host {
-        p.host[i] = None;
+        drop(p.meta.set_host(i, None));
     }
     if let Some((d, f)) = fresh.frame {
         if let Ok(dev) = devs.get(d) {
@@ -212,11 +212,11 @@ fn copy_batch(p: &Pages, steps: &[Step], fresh: &[Fresh], devs: &mut Devs) -> Re
     for (k, st) in steps.iter().enumerate() {
         if st.a.copy == Copy::ZeroHost && !fresh[k].host {
             // A fresh host page comes zeroed; an existing one is cleared here.
-            if let Some(pg) = p.host[st.i].as_ref() {
+            if let Some(pg) = p.host(st.i) {
                 pg.zero();
             }
         }
-        let Some((key, _)) = copy_entry(p, st, &fresh[k], p.frame[st.i])? else { continue };
+        let Some((key, _)) = copy_entry(p, st, &fresh[k], p.frame(st.i))? else { continue };
         if done_keys.contains(&key) {
             continue;
         }
@@ -224,7 +224,7 @@ fn copy_batch(p: &Pages, steps: &[Step], fresh: &[Fresh], devs: &mut Devs) -> Re
         // Every later step with the same key goes into this call.
         list.clear();
         for (m, st2) in steps.iter().enumerate().skip(k) {
-            if let Some((key2, c)) = copy_entry(p, st2, &fresh[m], p.frame[st2.i])? {
+            if let Some((key2, c)) = copy_entry(p, st2, &fresh[m], p.frame(st2.i))? {
                 if key2 == key {
                     list.push(c, GFP_KERNEL)?;
                 }
@@ -299,11 +299,16 @@ pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outco
     for st in steps {
         let i = st.i;
         let mut f = Fresh::default();
-        if st.a.alloc_host && p.host[i].is_none() {
+        // The page's metadata block (allocated on first touch).
+        if let Err(e) = p.meta.ensure(i) {
+            stop = Err(e);
+            break;
+        }
+        if st.a.alloc_host && p.host(i).is_none() {
             // A page a D2H copy fills whole needs no zeroing first.
             match HostPage::alloc(space.mm(), !matches!(st.a.copy, Copy::D2H(_))) {
                 Ok(pg) => {
-                    p.host[i] = Some(pg);
+                    drop(p.meta.set_host(i, Some(pg)));
                     f.host = true;
                 }
                 Err(e) => {
@@ -345,7 +350,7 @@ pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outco
         // A device that is gone has no page table left to unmap from.
         let (Some(ops), Some(ctx)) = (dev.ops(), space.ctx_if_any(dev)) else { continue };
         for st in steps.iter().filter(|st| st.a.unmap_dev & (1 << d) != 0) {
-            let old_frame = p.frame[st.i];
+            let old_frame = p.frame(st.i);
             if st.prev.loc() == Loc::Device(d) && st.a.free_frame == Some(d) && dev.flags(old_frame) & F_PREFETCHED != 0 {
                 // A prefetched page leaves: did the device ever touch it?
                 settle_prefetch(dev, ops.test_clear_accessed(ctx, env.region.va(st.i)).unwrap_or(false));
@@ -393,7 +398,7 @@ pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outco
 /// the owner frame's replacement flags, drops the host page, then commits the state.
 fn commit(env: &Env<'_>, p: &mut Pages, st: &Step, fresh: &Fresh, devs: &mut Devs, kicked: &mut u16) {
     let (i, next, a) = (st.i, st.next, &st.a);
-    let old_frame = p.frame[i];
+    let old_frame = p.frame(i);
     if let Some(o) = a.free_frame {
         if let Ok(dev) = devs.get(o) {
             dev.free_frame(old_frame);
@@ -409,7 +414,7 @@ fn commit(env: &Env<'_>, p: &mut Pages, st: &Step, fresh: &Fresh, devs: &mut Dev
     let who = Owner { region: env.region.clone(), page: i as u32 };
     if let Some((d, f)) = fresh.frame {
         if next.loc() == Loc::Device(d) {
-            p.frame[i] = f;
+            p.meta.set_frame(i, f);
         } else {
             // The tree node was reserved before step 1, so this cannot fail.
             let _ = p.dups.insert(i, d, f);
@@ -422,7 +427,7 @@ fn commit(env: &Env<'_>, p: &mut Pages, st: &Step, fresh: &Fresh, devs: &mut Dev
     // The owner frame's replacement flags follow the page's state.
     if let Loc::Device(d) = next.loc() {
         if let Ok(dev) = devs.get(d) {
-            let f = p.frame[i];
+            let f = p.frame(i);
             let old = dev.flags(f);
             if env.access && old & F_PREFETCHED != 0 && a.free_frame != Some(d) {
                 settle_prefetch(dev, true);
@@ -436,13 +441,13 @@ fn commit(env: &Env<'_>, p: &mut Pages, st: &Step, fresh: &Fresh, devs: &mut Dev
         }
     }
     if a.free_host {
-        p.host[i] = None;
+        drop(p.meta.set_host(i, None));
     }
     // A pin that ends gives its page back to the process's pin quota.
     if st.prev.pinned() && !next.pinned() {
         crate::pin_quota::uncharge(env.region.space.mm(), 1);
     }
-    p.state[i] = next.bits();
+    p.meta.set_state(i, next.bits());
 }
 
 /// Step 6 for device `d`: one `map` call with the entries of every step that maps on it.
@@ -462,7 +467,7 @@ fn map_batch(env: &Env<'_>, p: &Pages, steps: &[Step], d: u8, devs: &mut Devs) -
             DevStats::add(&dev.stats.remote_maps, 1);
             GmemPte { va, frame: 0, host: host_ptr(p, st.i)?, prot, pad: 0 }
         } else {
-            let frame = if st.next.loc() == Loc::Device(d) { p.frame[st.i] } else { p.dup_frame(st.i, d).ok_or(EINVAL)? };
+            let frame = if st.next.loc() == Loc::Device(d) { p.frame(st.i) } else { p.dup_frame(st.i, d).ok_or(EINVAL)? };
             GmemPte { va, frame: u64::from(frame), host: core::ptr::null_mut(), prot, pad: 0 }
         };
         ptes.push(pte, GFP_KERNEL)?;
@@ -497,9 +502,23 @@ pub(crate) fn apply_range(
         steps.clear();
         let mut refusal = None;
         while i < end && steps.len() < BATCH_PAGES {
-            if skip_empty && p.state[i] == PageState::EMPTY.bits() {
-                i += 1;
-                continue;
+            if skip_empty {
+                // Untouched blocks are skipped whole, then never-touched pages one by one.
+                match p.meta.touched_from(i) {
+                    Some(t) if t > i => {
+                        i = t;
+                        continue;
+                    }
+                    Some(_) => {}
+                    None => {
+                        i = end;
+                        break;
+                    }
+                }
+                if p.state(i) == PageState::EMPTY {
+                    i += 1;
+                    continue;
+                }
             }
             let s = p.state(i);
             match transition(s, event) {
@@ -568,7 +587,9 @@ pub(crate) fn evacuate(region: &Arc<Region>, dev: &Device, lose: bool) -> Evacua
     // the host is full), the region's other pages that need one are not tried again in
     // this pass: each try would reclaim in vain. Pages that need no allocation still move.
     let mut host_short = false;
-    for i in 0..region.npages {
+    let mut next_page = 0;
+    while let Some(i) = p.meta.touched_from(next_page) {
+        next_page = i + 1;
         if i % crate::sched::CHUNK == 0 {
             crate::sched::cond_resched();
         }
@@ -578,7 +599,7 @@ pub(crate) fn evacuate(region: &Arc<Region>, dev: &Device, lose: bool) -> Evacua
             continue;
         }
         let saved = match transition(s, Event::DeviceGone { dev: d }) {
-            Ok((_, a)) if host_short && a.alloc_host && p.host[i].is_none() => Err(ENOMEM),
+            Ok((_, a)) if host_short && a.alloc_host && p.host(i).is_none() => Err(ENOMEM),
             Ok((next, a)) => apply(&env, &mut p, i, next, &a),
             Err(_) => Err(EINVAL),
         };

@@ -12,7 +12,7 @@ use crate::device::{DevStats, Device, Owner, F_PREFETCHED};
 use crate::migrate::{self, Env, Step};
 use crate::policy::page_state::{transition, Actions, Event, Loc, Target};
 use crate::policy::prefetch::{density, BLOCK_PAGES};
-use crate::region::{Region, PAGE_SIZE};
+use crate::region::{Pages, Region, PAGE_SIZE};
 use crate::tune;
 use core::sync::atomic::Ordering::Relaxed;
 use kernel::{mm::virt::VmaRef, prelude::*, sync::Arc};
@@ -59,9 +59,39 @@ pub(crate) fn on_fault(dev: &Arc<Device>, r: &Arc<Region>, vma: Option<&VmaRef>,
     let mut n = 0u64;
     for st in &steps[..out.done] {
         if st.next.loc() == Loc::Device(d) {
-            dev.set_owner(p.frame[st.i], Owner { region: r.clone(), page: st.i as u32 }, F_PREFETCHED, 0xff);
+            dev.set_owner(p.frame(st.i), Owner { region: r.clone(), page: st.i as u32 }, F_PREFETCHED, 0xff);
             n += 1;
         }
     }
     DevStats::add(&dev.stats.prefetched, n);
+}
+
+/// CPU fault-around: the pages of page `i`'s 2 MiB block that a CPU fault on `i` brings
+/// home along with it, by the same density rule with "resident" meaning on the host (UVM
+/// applies its prefetch to CPU faults too). Returns region page indices, ascending, never
+/// `i` itself and never an advised page (advice decides placement for those).
+pub(crate) fn cpu_window(r: &Region, p: &Pages, i: usize, out: &mut KVec<usize>) -> Result {
+    let block_va = (r.va(i) as usize) & !((1 << 21) - 1);
+    let (mut resident, mut valid, mut faulted) = ([0u64; 8], [0u64; 8], [0u64; 8]);
+    let k0 = (r.va(i) as usize - block_va) / PAGE_SIZE;
+    faulted[k0 / 64] |= 1 << (k0 % 64);
+    for k in 0..BLOCK_PAGES {
+        if let Some(j) = r.index(block_va + k * PAGE_SIZE) {
+            valid[k / 64] |= 1 << (k % 64);
+            if p.state(j).loc() == Loc::Host {
+                resident[k / 64] |= 1 << (k % 64);
+            }
+        }
+    }
+    let extra = density(&resident, &faulted, &valid, tune::PREFETCH_PCT.load(Relaxed), BLOCK_PAGES);
+    for k in 0..BLOCK_PAGES {
+        if extra[k / 64] & (1 << (k % 64)) == 0 {
+            continue;
+        }
+        let Some(j) = r.index(block_va + k * PAGE_SIZE) else { continue };
+        if p.advice.get(j as u64) == 0 {
+            out.push(j, GFP_KERNEL)?;
+        }
+    }
+    Ok(())
 }

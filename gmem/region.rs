@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: GPL-2.0
 //! Region: one GMEM allocation (one VMA) and the residency of each of its pages.
 //!
-//! Per page the region keeps exactly 16 bytes: the packed page state (4, see
+//! Per touched page the region keeps exactly 16 bytes: the packed page state (4, see
 //! `policy/src/page_state.rs`), the owner's frame number (4) and the host page (8, `None`
-//! when no host copy exists), in zero-filled arrays that fail cleanly (`meta.rs`). Read-only
+//! when no host copy exists), in zero-filled arrays allocated per 2 MiB block on first
+//! touch, which fail cleanly (`meta.rs`): an untouched region costs almost nothing. Read-only
 //! duplicates live in a tree keyed by (page, device).
 //! Advice is kept per range in a small interval map (`policy/src/range.rs`).
 //!
@@ -13,7 +14,7 @@ use crate::policy::page_state::{PageState, MAX_DEVICES};
 use crate::policy::range::{AdviceMap, PageRange};
 use crate::space::Space;
 use crate::host_page::HostPage;
-use crate::meta::Meta;
+use crate::meta::PageMeta;
 use kernel::{
     new_mutex,
     prelude::*,
@@ -104,16 +105,25 @@ impl Dups {
 pub(crate) struct Pages {
     /// Set once the region is torn down: every later fault gets SIGBUS / EFAULT.
     pub(crate) dead: bool,
-    pub(crate) state: Meta<u32>,
-    pub(crate) frame: Meta<u32>,
-    pub(crate) host: Meta<Option<HostPage>>,
+    /// State, owner frame and host page of every page (lazily allocated).
+    pub(crate) meta: PageMeta,
     pub(crate) dups: Dups,
     pub(crate) advice: AdviceMap<ADVICE_RUNS>,
 }
 
 impl Pages {
     pub(crate) fn state(&self, i: usize) -> PageState {
-        PageState::from_bits(self.state[i])
+        PageState::from_bits(self.meta.state(i))
+    }
+
+    /// The owner device's frame of page `i` (meaningful while the page is on a device).
+    pub(crate) fn frame(&self, i: usize) -> u32 {
+        self.meta.frame(i)
+    }
+
+    /// The host page of page `i`, if it has one.
+    pub(crate) fn host(&self, i: usize) -> Option<&HostPage> {
+        self.meta.host(i)
     }
 
     pub(crate) fn take_dup(&mut self, page: usize, dev: u8) -> Option<u32> {
@@ -138,12 +148,10 @@ impl Region {
     /// A region of `npages` never-touched pages at `start`, with `initial_advice` (advice
     /// bits, e.g. ALLOC's preferred device) over all of it.
     pub(crate) fn new(space: Arc<Space>, start: usize, npages: usize, initial_advice: u32) -> Result<Arc<Region>> {
-        // All-zero metadata is "never touched" (`PageState::EMPTY`, frame 0, no host page);
-        // failable, see meta.rs.
+        // All-zero metadata is "never touched" (`PageState::EMPTY`, frame 0, no host page):
+        // untouched blocks need no allocation (meta.rs).
         const _: () = assert!(PageState::EMPTY.bits() == 0);
-        let state = Meta::zeroed(npages)?;
-        let frame = Meta::zeroed(npages)?;
-        let host = Meta::zeroed(npages)?;
+        let meta = PageMeta::new(npages)?;
         let mut advice = AdviceMap::new();
         if initial_advice != 0 {
             advice
@@ -156,7 +164,7 @@ impl Region {
                 npages,
                 space,
                 pages <- new_mutex!(
-                    Pages { dead: false, state, frame, host, dups: Dups::new(), advice },
+                    Pages { dead: false, meta, dups: Dups::new(), advice },
                     "gmem_region_pages"
                 ),
             }),
@@ -183,7 +191,7 @@ impl Region {
     /// Bytes of per-page metadata this region uses (P5 of the benchmarks).
     pub(crate) fn metadata_bytes(&self) -> usize {
         let p = self.pages.lock();
-        p.state.bytes() + p.frame.bytes() + p.host.bytes() + p.dups.bytes()
+        p.meta.bytes() + p.dups.bytes()
     }
 }
 
@@ -260,6 +268,34 @@ mod tests {
         assert!(d.get(7, 5).is_none());
     }
 
+    /// Issue 9: metadata is allocated per 2 MiB block on first touch. A 1 TiB region costs
+    /// at most 1 MiB untouched; touching pages far apart costs one block (and one 1 GiB
+    /// directory leaf) each; walks skip untouched blocks.
+    #[test]
+    fn lazy_metadata_of_a_terabyte() {
+        use crate::meta::{PageMeta, BLOCK_PAGES};
+        let npages = 1usize << 28; // 1 TiB of 4 KiB pages
+        let mut m = PageMeta::new(npages).expect("directory");
+        let untouched = m.bytes();
+        assert!(untouched <= 1 << 20);
+        assert_eq!(m.state(npages - 1), 0);
+        assert!(m.host(12345).is_none());
+        assert_eq!(m.touched_from(0), None);
+        let far = npages - 3;
+        m.ensure(far).expect("block");
+        m.set_state(far, 7);
+        m.set_frame(far, 99);
+        assert_eq!((m.state(far), m.frame(far)), (7, 99));
+        assert_eq!(m.state(far - 1), 0);
+        // One block (16 bytes per page) and one leaf of 512 block slots.
+        let touched = m.bytes() - untouched;
+        assert!(touched >= BLOCK_PAGES * 16 && touched <= BLOCK_PAGES * 16 + 512 * 8 + 128);
+        assert_eq!(m.touched_from(0), Some(far / BLOCK_PAGES * BLOCK_PAGES));
+        assert_eq!(m.touched_from(far), Some(far));
+        assert_eq!(m.touched_from(npages), None);
+        assert!(m.ensure(npages).is_err());
+    }
+
     #[test]
     fn advice_splits_a_region() {
         let s = test_space();
@@ -278,8 +314,16 @@ mod tests {
         }
         assert_eq!(r.index(0x40_0000 + 5 * PAGE_SIZE + 7), Some(5));
         assert_eq!(r.index(0x40_0000 + 64 * PAGE_SIZE), None);
-        // 16 bytes per page: state + frame + host page.
-        assert_eq!(r.metadata_bytes(), 64 * 16);
+        // Untouched: only the directory (one slot).
+        let untouched = r.metadata_bytes();
+        assert!(untouched <= 64);
+        // Touched: 16 bytes per page (state + frame + host page) plus the block's header
+        // and its directory leaf.
+        r.pages.lock().meta.ensure(5).expect("ensure");
+        let touched = r.metadata_bytes();
+        assert!(touched >= untouched + 64 * 16 && touched <= untouched + 64 * 16 + 128);
+        assert_eq!(r.pages.lock().meta.touched_from(0), Some(0));
+        assert_eq!(r.pages.lock().meta.touched_from(63), Some(63));
         crate::space::release(&s);
     }
 }

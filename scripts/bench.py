@@ -330,8 +330,10 @@ def markdown(d):
     L.append("## Metadata (P5)")
     L.append("")
     if p5:
-        L.append(f"A {f(p5['region_bytes'] / 2**20)} MiB region ({p5['pages']} pages): {p5['metadata_bytes']} bytes "
-                 f"of per-page metadata = **{f(p5['bytes_per_page'])} bytes per 4 KiB page** ({p5.get('source')}).")
+        L.append(f"A {f(p5['region_bytes'] / 2**20)} MiB region ({p5['pages']} pages), untouched: "
+                 f"{p5['metadata_bytes_untouched']} bytes of metadata = **{f(p5['bytes_per_untouched_page'])} bytes per "
+                 f"4 KiB page**. After {f(p5['touched_bytes'] / 2**20)} MiB of it was touched: {p5['metadata_bytes_touched']} "
+                 f"bytes = **{f(p5['bytes_per_touched_page'])} bytes per touched page** ({p5.get('source')}).")
         L.append("")
     # P6.
     p6 = d.get("p6")

@@ -59,7 +59,22 @@ struct gmem_sim_info {
 	__u64 reserved[2];
 };
 
+/*
+ * Fault injection: the next copy-engine call on this device that moves more than @after
+ * pages copies the first @after of them and then fails with -@err (one shot; arming again
+ * replaces it). A real copy engine can fail part way (a bus or ECC error); this lets the
+ * tests check that gmem leaves every page of the batch valid. EINVAL: bad argsz, nonzero
+ * reserved, @err not in 1..4095, @after == 2^64 - 1.
+ */
+struct gmem_sim_fail_copy {
+	__u32 argsz;		/* sizeof(struct gmem_sim_fail_copy) */
+	__u32 err;		/* positive errno, e.g. EIO */
+	__u64 after;		/* pages copied before the failure */
+	__u64 reserved[2];
+};
+
 #define GMEM_SIM_IOC_LAUNCH	_IOWR('S', 0x01, struct gmem_sim_launch)
 #define GMEM_SIM_IOC_INFO	_IOWR('S', 0x02, struct gmem_sim_info)
+#define GMEM_SIM_IOC_FAIL_COPY	_IOW('S', 0x03, struct gmem_sim_fail_copy)
 
 #endif /* _UAPI_LINUX_GMEM_SIM_H */

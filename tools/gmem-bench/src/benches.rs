@@ -832,30 +832,40 @@ impl Bench {
             .with("configs", Json::Arr(cfgs)))
     }
 
-    /// P5: metadata bytes per managed page while a large region exists.
+    /// P5: metadata bytes per page of a large region, untouched (lazy metadata: only the
+    /// block directory exists), and per page of its touched part (16 MiB written by the
+    /// CPU, 1 MiB of it prefetched to the device and back).
     pub fn p5(&mut self, bytes: u64) -> R<Json> {
         progress("P5", 1, 1, &format!("metadata of a {} MiB region", bytes >> 20));
         let r = t!(self.g.alloc(bytes));
         let np = (bytes / PAGE as u64).to_string();
-        // Touch a little of it on the host and on the device: metadata must not grow.
-        let small = 64 * PAGE;
-        cpu_write(&mut words(&r)[..small / 4], 5);
-        t!(self.g.advise(r.addr, small as u64, GMEM_ADV_PREFETCH, self.d0, 0));
-        let lines = sys::spaces();
-        let line = lines.iter().find(|l| l.get("pages") == Some(&np) && l.get("regions").map(String::as_str) == Some("1"));
-        let Some(l) = line else {
-            return Err(format!("no space line with regions=1 pages={np} in /sys/kernel/debug/gmem/spaces"));
+        let meta = || -> R<u64> {
+            let lines = sys::spaces();
+            let line = lines.iter().find(|l| l.get("pages") == Some(&np) && l.get("regions").map(String::as_str) == Some("1"));
+            let Some(l) = line else {
+                return Err(format!("no space line with regions=1 pages={np} in /sys/kernel/debug/gmem/spaces"));
+            };
+            l.get("metadata_bytes").and_then(|v| v.parse().ok()).ok_or_else(|| "no metadata_bytes".to_string())
         };
-        let meta: u64 = l.get("metadata_bytes").and_then(|v| v.parse().ok()).ok_or("no metadata_bytes")?;
-        let bpp: f64 = l.get("bytes_per_page").and_then(|v| v.parse().ok()).ok_or("no bytes_per_page")?;
-        t!(self.g.advise(r.addr, small as u64, GMEM_ADV_PREFETCH, GMEM_HOST, 0));
+        let untouched = meta()?;
+        let touched_len = (16usize << 20).min(bytes as usize);
+        cpu_write(&mut words(&r)[..touched_len / 4], 5);
+        let small = (1usize << 20).min(touched_len) as u64;
+        t!(self.g.advise(r.addr, small, GMEM_ADV_PREFETCH, self.d0, 0));
+        t!(self.g.advise(r.addr, small, GMEM_ADV_PREFETCH, GMEM_HOST, 0));
+        let touched = meta()?;
         drop(r);
+        let pages = bytes / PAGE as u64;
+        let tpages = (touched_len / PAGE) as u64;
         Ok(Json::obj()
             .with("region_bytes", bytes)
-            .with("pages", bytes / PAGE as u64)
-            .with("metadata_bytes", meta)
-            .with("bytes_per_page", bpp)
-            .with("source", "/sys/kernel/debug/gmem/spaces bytes_per_page="))
+            .with("pages", pages)
+            .with("metadata_bytes_untouched", untouched)
+            .with("bytes_per_untouched_page", untouched as f64 / pages as f64)
+            .with("touched_bytes", touched_len)
+            .with("metadata_bytes_touched", touched)
+            .with("bytes_per_touched_page", touched.saturating_sub(untouched) as f64 / tpages as f64)
+            .with("source", "/sys/kernel/debug/gmem/spaces metadata_bytes="))
     }
 
     /// P6: two processes streaming over their own regions (device faults) at once, vs one;

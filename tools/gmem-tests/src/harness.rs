@@ -284,3 +284,15 @@ pub fn memcg(name: &str) -> Result<String, String> {
     sh(&format!("echo +memory > {ROOT}/cgroup.subtree_control && mkdir -p {ROOT}/{name}"))?;
     Ok(format!("{ROOT}/{name}"))
 }
+
+/// A counter (`key=` field) of the space whose regions total `pages` pages, from
+/// `/sys/kernel/debug/gmem/spaces`.
+pub fn space_stat(pages: u64, key: &str) -> Result<u64, String> {
+    let text = std::fs::read_to_string("/sys/kernel/debug/gmem/spaces").map_err(|e| e.to_string())?;
+    let line = text
+        .lines()
+        .find(|l| l.contains(&format!(" pages={pages} ")))
+        .ok_or(format!("no space with {pages} pages in:\n{text}"))?;
+    let v = line.split_whitespace().find_map(|w| w.strip_prefix(key)?.strip_prefix('=')).ok_or(format!("no {key} in {line}"))?;
+    v.parse().map_err(|e: std::num::ParseIntError| e.to_string())
+}

@@ -8,6 +8,7 @@
 mod harness;
 mod t_advise;
 mod t_bad;
+mod t_block;
 mod t_basic;
 mod t_contract;
 mod t_core;
@@ -26,6 +27,7 @@ fn all_tests() -> Vec<Test> {
     v.extend(t_core::tests());
     v.extend(t_gup::tests());
     v.extend(t_advise::tests());
+    v.extend(t_block::tests());
     v.extend(t_contract::tests());
     v.extend(t_bad::tests());
     v.extend(t_overcommit::tests());

@@ -46,8 +46,20 @@ pub struct SimInfo {
 const fn iowr_s(nr: u64, size: usize) -> u64 {
     (3u64 << 30) | ((size as u64) << 16) | ((b'S' as u64) << 8) | nr
 }
+/// `struct gmem_sim_fail_copy`: fault injection (see the header).
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SimFailCopy {
+    pub argsz: u32,
+    pub err: u32,
+    pub after: u64,
+    pub reserved: [u64; 2],
+}
+
 pub const GMEM_SIM_IOC_LAUNCH: u64 = iowr_s(0x01, std::mem::size_of::<SimLaunch>());
 pub const GMEM_SIM_IOC_INFO: u64 = iowr_s(0x02, std::mem::size_of::<SimInfo>());
+/// `_IOW('S', 0x03, struct gmem_sim_fail_copy)`.
+pub const GMEM_SIM_IOC_FAIL_COPY: u64 = (1u64 << 30) | ((std::mem::size_of::<SimFailCopy>() as u64) << 16) | ((b'S' as u64) << 8) | 0x03;
 
 /// FNV-1a over little-endian u32 words: the device's CHECKSUM kernel, computed on the CPU.
 pub fn checksum(words: &[u32]) -> u64 {
@@ -108,6 +120,14 @@ impl Sim {
 
     pub fn touch(&self, a: u64, len: u64, count: u64, seed: u64, write: bool) -> Result<Outcome> {
         self.launch(K_TOUCH, if write { F_WRITE } else { 0 }, 0, a, 0, len, seed, count)
+    }
+
+    /// Arms a one-shot copy failure: the next copy call of more than `after` pages copies
+    /// `after` of them, then fails with `err`.
+    pub fn fail_copy(&self, after: u64, err: u32) -> Result<()> {
+        let mut f = SimFailCopy { argsz: argsz::<SimFailCopy>(), err, after, ..Default::default() };
+        // SAFETY: `SimFailCopy` is the argument of GMEM_SIM_IOC_FAIL_COPY.
+        unsafe { ioctl_raw(self.file.as_raw_fd(), GMEM_SIM_IOC_FAIL_COPY, &mut f) }.map(|_| ())
     }
 
     pub fn info(&self) -> Result<SimInfo> {

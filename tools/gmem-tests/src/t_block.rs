@@ -1,0 +1,206 @@
+// SPDX-License-Identifier: GPL-2.0
+//! The block executor (`gmem/migrate.rs`, `apply_batch`): a batch of pages moves with one
+//! driver call per kind of work, and a copy that fails half way through a batch leaves
+//! every page of it valid, with its data.
+
+use crate::harness::{all_at, open, space_stat, words, Test, TestResult};
+use crate::{ensure, expect_errno, ok};
+use libgmem::sim::checksum;
+use libgmem::*;
+
+const BLOCK: u64 = 2 << 20;
+
+fn pattern(w: &mut [u32], seed: u32) -> u64 {
+    for (i, x) in w.iter_mut().enumerate() {
+        *x = seed.wrapping_add(i as u32).wrapping_mul(2654435761);
+    }
+    checksum(w)
+}
+
+/// A 2 MiB PREFETCH moves in batches: host -> device and, after the device wrote every
+/// page, back, each with a handful of TLB flushes rather than one per page.
+fn prefetch_moves_a_block_in_few_calls() -> TestResult {
+    let (g, s) = open()?;
+    let r = ok!(g.alloc(BLOCK));
+    pattern(words(&r), 3);
+    let before = ok!(s.info());
+    ok!(r.advise(GMEM_ADV_PREFETCH, 0));
+    all_at(&ok!(r.query()), GMEM_LOC_DEVICE, 0)?;
+    let mid = ok!(s.info());
+    // The device writes every page (so the way back must copy), untimed and uncounted.
+    ok!(s.fill(r.addr, BLOCK, 5));
+    let want: Vec<u32> = (0..(BLOCK / 4) as u32).map(|i| 5u32.wrapping_add(i)).collect();
+    let filled = ok!(s.info());
+    ok!(r.advise(GMEM_ADV_PREFETCH, GMEM_HOST));
+    all_at(&ok!(r.query()), GMEM_LOC_HOST, 0)?;
+    let after = ok!(s.info());
+    let pages = BLOCK / 4096;
+    let (there, back) = (mid.copies - before.copies, after.copies - filled.copies);
+    ensure!(there == pages && back == pages, "copied {there} and {back} pages, expected {pages} each");
+    // Device -> host revokes the device's 512 mappings: one run, so one flush (two if the
+    // advice's 512-page chunks straddle the range), where a per-page executor made 512.
+    let flushes = after.tlb_flushes - filled.tlb_flushes;
+    ensure!(flushes <= 2, "{flushes} TLB flushes for one 2 MiB block");
+    ensure!(checksum(words(&r)) == checksum(&want), "data changed by the round trip");
+    Ok(())
+}
+
+/// The copy engine fails after 200 pages of a 512-page batch, in each direction and from
+/// each path (PREFETCH, device fault): the call fails with the driver's error, and every
+/// page is still where it was, with its data, and moves fine afterwards.
+fn copy_failure_mid_batch_keeps_every_page() -> TestResult {
+    let (g, s) = open()?;
+    let r = ok!(g.alloc(BLOCK));
+    let sum = pattern(words(&r), 11);
+    let len = BLOCK;
+
+    // Host -> device by PREFETCH.
+    ok!(s.fail_copy(200, libc::EIO as u32));
+    expect_errno!(r.advise(GMEM_ADV_PREFETCH, 0), libc::EIO);
+    for (i, &w) in ok!(r.query()).iter().enumerate() {
+        ensure!(q_loc(w) == GMEM_LOC_HOST, "prefetch failed, page {i} in state {w:#x}");
+    }
+    ensure!(checksum(words(&r)) == sum, "data changed by a failed prefetch");
+
+    // Host -> device by device faults: the launch fails, the data is intact. The sim
+    // reports 256 faults at a time, which a 2 MiB boundary may split in two, so one part
+    // has more than 128 pages. Density prefetch is off meanwhile: it would take the armed
+    // failure and, being only a bet, not report it.
+    crate::t_overcommit::control("prefetch=0")?;
+    let faulted = (|| -> TestResult {
+        ok!(s.fail_copy(100, libc::EIO as u32));
+        expect_errno!(s.checksum(r.addr, len), libc::EIO);
+        Ok(())
+    })();
+    crate::t_overcommit::control("prefetch=1")?;
+    faulted?;
+    ensure!(checksum(words(&r)) == sum, "data changed by a failed fault migration");
+    let o = ok!(s.checksum(r.addr, len));
+    ensure!(o.result == sum, "device reads wrong data after the failure");
+
+    // Device -> host by PREFETCH: the dirty device copy stays authoritative.
+    ok!(s.fill(r.addr, len, 77));
+    let want: Vec<u32> = (0..(len / 4) as u32).map(|i| 77u32.wrapping_add(i)).collect();
+    let sum2 = checksum(&want);
+    all_at(&ok!(r.query()), GMEM_LOC_DEVICE, 0)?;
+    ok!(s.fail_copy(200, libc::EIO as u32));
+    expect_errno!(r.advise(GMEM_ADV_PREFETCH, GMEM_HOST), libc::EIO);
+    all_at(&ok!(r.query()), GMEM_LOC_DEVICE, 0)?;
+    let o = ok!(s.checksum(r.addr, len));
+    ensure!(o.result == sum2, "device data wrong after a failed write-back");
+    ensure!(checksum(words(&r)) == sum2, "CPU reads wrong data after a failed write-back");
+    all_at(&ok!(r.query()), GMEM_LOC_HOST, 0)?;
+    Ok(())
+}
+
+/// Bad fault-injection arguments are refused.
+fn fail_copy_rejects_bad_arguments() -> TestResult {
+    let (_g, s) = open()?;
+    expect_errno!(s.fail_copy(1, 0), libc::EINVAL);
+    expect_errno!(s.fail_copy(1, 4096), libc::EINVAL);
+    expect_errno!(s.fail_copy(u64::MAX, libc::EIO as u32), libc::EINVAL);
+    // Disarm by arming a count no call reaches.
+    ok!(s.fail_copy(u64::MAX - 1, libc::EIO as u32));
+    Ok(())
+}
+
+/// CPU fault-around: reading a device-resident region page by page brings whole windows
+/// home per fault (far fewer faults than pages), at unaligned region edges too, never
+/// moves pinned pages, and leaves advised (READ_MOSTLY, duplicated) pages to their own
+/// faults; every word read is right.
+fn fault_around_edges_pinned_and_duplicated() -> TestResult {
+    let (g, s) = open()?;
+    let s1 = libgmem::sim::Sim::open(1).map_err(|e| e.to_string())?;
+    // 3 MiB + 3 pages: the region's ends are not 2 MiB-aligned in general.
+    let len = (3 << 20) + 3 * 4096;
+    let pages = len / 4096;
+    let r = ok!(g.alloc(len));
+    ok!(s.fill(r.addr, len, 1000));
+    let pinned = 10..20u64;
+    ok!(g.advise(r.addr + pinned.start * 4096, (pinned.end - pinned.start) * 4096, GMEM_ADV_PIN, 0, 0));
+    let dup = 100..110u64;
+    ok!(g.advise(r.addr + dup.start * 4096, (dup.end - dup.start) * 4096, GMEM_ADV_READ_MOSTLY, 0, 0));
+    ok!(s1.checksum(r.addr + dup.start * 4096, (dup.end - dup.start) * 4096));
+    let before = space_stat(pages, "cpu_faults")?;
+    let w = words(&r);
+    let mut read = 0u64;
+    for p in 0..pages {
+        if pinned.contains(&p) {
+            continue;
+        }
+        for k in [0usize, 1023] {
+            let i = p as usize * 1024 + k;
+            // SAFETY: within the region; volatile so that every page is really touched.
+            let v = unsafe { std::ptr::read_volatile(&w[i]) };
+            ensure!(v == 1000u32.wrapping_add(i as u32), "page {p} word {k}: {v:#x}");
+        }
+        read += 1;
+    }
+    let faults = space_stat(pages, "cpu_faults")? - before;
+    ensure!(faults * 4 <= read, "{faults} CPU faults for {read} pages read: no fault-around");
+    let st = ok!(r.query());
+    for (p, &q) in st.iter().enumerate() {
+        let p = p as u64;
+        if pinned.contains(&p) {
+            ensure!(q_loc(q) == GMEM_LOC_DEVICE && q_dev(q) == 0 && q & GMEM_Q_PINNED != 0, "pinned page {p} moved: {q:#x}");
+        } else {
+            ensure!(q_loc(q) == GMEM_LOC_HOST, "page {p} not home after the CPU read it: {q:#x}");
+        }
+    }
+    ok!(g.advise(r.addr + pinned.start * 4096, (pinned.end - pinned.start) * 4096, GMEM_ADV_UNPIN, 0, 0));
+    let o = ok!(s.checksum(r.addr, len));
+    let want: Vec<u32> = (0..(len / 4) as u32).map(|i| 1000u32.wrapping_add(i)).collect();
+    ensure!(o.result == checksum(&want), "device checksum after the CPU pass is wrong");
+    Ok(())
+}
+
+/// Two threads fault disjoint halves of one region at once, on one device and on two;
+/// every round's data is verified by the CPU and by the devices.
+fn concurrent_faults_on_one_region() -> TestResult {
+    let (g, _) = open()?;
+    let len: u64 = 8 << 20;
+    let r = ok!(g.alloc(len));
+    let half = len / 2;
+    for (round, devs) in [(0u32, [0usize, 0]), (1, [0, 1]), (2, [1, 0])] {
+        let results: Vec<TestResult> = std::thread::scope(|sc| {
+            let hs: Vec<_> = (0..2u64)
+                .map(|t| {
+                    let d = devs[t as usize];
+                    let base = r.addr + t * half;
+                    sc.spawn(move || -> TestResult {
+                        let s = libgmem::sim::Sim::open(d).map_err(|e| e.to_string())?;
+                        let v = 7000 * (round + 1) + t as u32;
+                        ok!(s.fill(base, half, v));
+                        let want: Vec<u32> = (0..(half / 4) as u32).map(|i| v.wrapping_add(i)).collect();
+                        let o = ok!(s.checksum(base, half));
+                        ensure!(o.result == checksum(&want), "round {round} thread {t} dev{d}: checksum");
+                        Ok(())
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("thread panicked".into()))).collect()
+        });
+        for x in results {
+            x?;
+        }
+        let w = words(&r);
+        for t in 0..2u64 {
+            let v = 7000 * (round + 1) + t as u32;
+            let first = (t * half / 4) as usize;
+            for k in 0..(half / 4) as usize {
+                ensure!(w[first + k] == v.wrapping_add(k as u32), "round {round}: word {} is {:#x}", first + k, w[first + k]);
+            }
+        }
+    }
+    Ok(())
+}
+
+pub fn tests() -> Vec<Test> {
+    vec![
+        Test { name: "prefetch_moves_a_block_in_few_calls", f: prefetch_moves_a_block_in_few_calls },
+        Test { name: "copy_failure_mid_batch_keeps_every_page", f: copy_failure_mid_batch_keeps_every_page },
+        Test { name: "fail_copy_rejects_bad_arguments", f: fail_copy_rejects_bad_arguments },
+        Test { name: "fault_around_edges_pinned_and_duplicated", f: fault_around_edges_pinned_and_duplicated },
+        Test { name: "concurrent_faults_on_one_region", f: concurrent_faults_on_one_region },
+    ]
+}
