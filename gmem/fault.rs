@@ -158,10 +158,16 @@ fn cpu_fault(region: &Arc<Region>, vmf: *mut bindings::vm_fault, addr: usize, wr
         }
     }
     let at = steps.iter().position(|st| st.i > i).unwrap_or(steps.len());
-    steps.reserve(1, GFP_KERNEL)?;
-    // Capacity reserved just above, and `at <= len`.
-    steps.insert_within_capacity(at, migrate::Step { i, prev: s, next, a }).map_err(|_| ENOMEM)?;
-    let out = migrate::apply_batch(&Env::access(region, None), &mut p, &steps);
+    let me = migrate::Step { i, prev: s, next, a };
+    let mut one = [me];
+    if !steps.is_empty() {
+        steps.reserve(1, GFP_KERNEL)?;
+        // Capacity reserved just above, and `at <= len`.
+        steps.insert_within_capacity(at, me).map_err(|_| ENOMEM)?;
+    }
+    // A lone page (no fault-around) needs no allocation.
+    let steps: &mut [migrate::Step] = if steps.is_empty() { &mut one } else { &mut steps };
+    let out = migrate::apply_batch(&Env::access(region, None), &mut p, steps);
     if out.done <= at {
         // The faulting page was not moved (the batch stopped at or before it).
         return Err(out.res.err().unwrap_or(EFAULT));

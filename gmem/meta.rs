@@ -95,8 +95,9 @@ impl<T: ZeroIsEmpty> Drop for Meta<T> {
 
 /// Pages per metadata block: one 2 MiB block of 4 KiB pages.
 pub(crate) const BLOCK_PAGES: usize = 512;
-/// Blocks per directory leaf (a leaf covers 1 GiB).
-const LEAF_BLOCKS: usize = 512;
+/// Blocks per directory leaf (a leaf covers 128 MiB and costs 512 bytes once touched; a
+/// 1 TiB region has 8,192 directory slots of 24 bytes).
+const LEAF_BLOCKS: usize = 64;
 
 /// The metadata of one block's pages: exactly 16 bytes per page (the last block of a
 /// region may be shorter than [`BLOCK_PAGES`]).
@@ -113,12 +114,12 @@ impl Block {
     }
 }
 
-/// A directory leaf: the blocks of 1 GiB of the region, `None` until touched.
+/// A directory leaf: the blocks of 128 MiB of the region, `None` until touched.
 type Leaf = KVVec<Option<KBox<Block>>>;
 
 /// Per-page metadata of a region, allocated block by block on first touch ("lazy"): an
-/// untouched region costs one directory slot per GiB (24 bytes), a touched 1 GiB adds a
-/// 4 KiB leaf, and a touched block its 16 bytes per page. Pages of untouched blocks read as
+/// untouched region costs one directory slot per 128 MiB (24 bytes), a touched 128 MiB
+/// adds a 512-byte leaf, and a touched block its 16 bytes per page. Pages of untouched blocks read as
 /// empty (state 0 = `PageState::EMPTY`, frame 0, no host page).
 ///
 /// Writers first make the page's block exist with [`PageMeta::ensure`] (which can fail);

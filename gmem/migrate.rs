@@ -205,10 +205,10 @@ fn copy_entry(p: &Pages, st: &Step, fresh: &Fresh, old_frame: u32) -> Result<Opt
 }
 
 /// Step 3 for a whole batch: one driver call per (direction, source, destination), with
-/// every page of the batch that needs it; host-side zero fills in place.
+/// every page of the batch that needs it; host-side zero fills in place. Allocates only
+/// for calls of more than one page.
 fn copy_batch(p: &Pages, steps: &[Step], fresh: &[Fresh], devs: &mut Devs) -> Result {
-    let mut done_keys: KVec<(u32, u8, u8)> = KVec::new();
-    let mut list: KVec<GmemCopy> = KVec::new();
+    let entry = |k: usize| copy_entry(p, &steps[k], &fresh[k], p.frame(steps[k].i));
     for (k, st) in steps.iter().enumerate() {
         if st.a.copy == Copy::ZeroHost && !fresh[k].host {
             // A fresh host page comes zeroed; an existing one is cleared here.
@@ -216,30 +216,37 @@ fn copy_batch(p: &Pages, steps: &[Step], fresh: &[Fresh], devs: &mut Devs) -> Re
                 pg.zero();
             }
         }
-        let Some((key, _)) = copy_entry(p, st, &fresh[k], p.frame(st.i))? else { continue };
-        if done_keys.contains(&key) {
+        let Some((key, first)) = entry(k)? else { continue };
+        // The first step with this key makes the call for all of them.
+        if steps[..k].iter().enumerate().any(|(j, _)| matches!(entry(j), Ok(Some((kj, _))) if kj == key)) {
             continue;
         }
-        done_keys.push(key, GFP_KERNEL)?;
-        // Every later step with the same key goes into this call.
-        list.clear();
-        for (m, st2) in steps.iter().enumerate().skip(k) {
-            if let Some((key2, c)) = copy_entry(p, st2, &fresh[m], p.frame(st2.i))? {
-                if key2 == key {
-                    list.push(c, GFP_KERNEL)?;
+        let mut n = 0usize;
+        for m in k..steps.len() {
+            n += usize::from(matches!(entry(m)?, Some((km, _)) if km == key));
+        }
+        let mut list: KVec<GmemCopy> = KVec::new();
+        if n > 1 {
+            list.reserve(n, GFP_KERNEL)?;
+            for m in k..steps.len() {
+                if let Some((km, c)) = entry(m)? {
+                    if km == key {
+                        list.push(c, GFP_KERNEL)?;
+                    }
                 }
             }
         }
+        let one = [first];
+        let pages: &[GmemCopy] = if n > 1 { &list } else { &one };
         let (dir, from, to) = key;
         let src = devs.get(from)?.clone();
-        let n = list.len() as u64;
         let stat = match dir {
             GMEM_COPY_ZERO => &src.stats.pages_zeroed,
             GMEM_COPY_H2D => &src.stats.pages_h2d,
             GMEM_COPY_D2H => &src.stats.pages_d2h,
             _ => &src.stats.pages_d2d,
         };
-        DevStats::add(stat, n);
+        DevStats::add(stat, pages.len() as u64);
         DevStats::add(&src.stats.copy_calls, 1);
         let sops = src.ops().ok_or(ENODEV)?;
         if dir == GMEM_COPY_D2D {
@@ -250,9 +257,9 @@ fn copy_batch(p: &Pages, steps: &[Step], fresh: &[Fresh], devs: &mut Devs) -> Re
                 return Err(EXDEV);
             }
             let dops = dst.ops().ok_or(ENODEV)?;
-            sops.copy(dir, &list, Some(&*dops))?;
+            sops.copy(dir, pages, Some(&*dops))?;
         } else {
-            sops.copy(dir, &list, None)?;
+            sops.copy(dir, pages, None)?;
         }
     }
     Ok(())
@@ -283,10 +290,18 @@ pub(crate) fn apply(env: &Env<'_>, p: &mut Pages, i: usize, next: PageState, a: 
 /// 6. per device: one `map` with every new entry.
 pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outcome {
     let mut devs = Devs::new();
-    let mut fresh: KVec<Fresh> = KVec::new();
-    if let Err(e) = fresh.reserve(steps.len(), GFP_KERNEL) {
-        return Outcome { done: 0, res: Err(e.into()) };
+    // What step 1 allocated, per step: on the stack for small batches (a single CPU fault
+    // allocates nothing here).
+    const SMALL: usize = 8;
+    let mut small = [Fresh::default(); SMALL];
+    let mut big: KVec<Fresh> = KVec::new();
+    if steps.len() > SMALL {
+        if let Err(e) = big.extend_with(steps.len(), Fresh::default(), GFP_KERNEL) {
+            return Outcome { done: 0, res: Err(e.into()) };
+        }
     }
+    let fresh: &mut [Fresh] = if steps.len() > SMALL { &mut big } else { &mut small[..steps.len()] };
+    let mut nfresh = 0;
     let dups_needed = steps.iter().filter(|st| st.a.alloc_frame.is_some_and(|d| st.next.loc() != Loc::Device(d))).count();
     if let Err(e) = p.dups.reserve(dups_needed) {
         return Outcome { done: 0, res: Err(e) };
@@ -327,11 +342,12 @@ pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outco
                 }
             }
         }
-        // Capacity reserved above.
-        let _ = fresh.push(f, GFP_NOWAIT);
+        fresh[nfresh] = f;
+        nfresh += 1;
     }
     supply.give_back(&mut devs);
-    let steps = &steps[..fresh.len()];
+    let steps = &steps[..nfresh];
+    let fresh = &fresh[..nfresh];
     if steps.is_empty() {
         return Outcome { done: 0, res: stop };
     }
@@ -365,7 +381,7 @@ pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outco
     }
 
     // 4. Data.
-    if let Err(e) = copy_batch(p, steps, &fresh, &mut devs) {
+    if let Err(e) = copy_batch(p, steps, fresh, &mut devs) {
         for (st, f) in steps.iter().zip(fresh.iter()) {
             undo(p, st.i, f, &mut devs);
         }

@@ -254,6 +254,11 @@ impl Cell {
     }
 }
 
+/// A counter summed over every device.
+fn all_devs(c: &Counters, key: &str) -> u64 {
+    c.values().filter_map(|m| m.get(key)).sum()
+}
+
 fn add_counters(acc: &mut Counters, d: &Counters) {
     for (dev, m) in d {
         let a = acc.entry(*dev).or_default();
@@ -434,7 +439,9 @@ impl Bench {
                 .with("ratio_vs_libc_memcpy", c.stat("ratio_vs_libc_memcpy"))
                 .with("h2d_per_page", c.per_page(get(&c.counters, d0, "migrated.h2d"), pages))
                 .with("prefetched_per_run", c.per_page(get(&c.counters, d0, "prefetch.pages"), 1))
-                .with("copy_calls_per_page", c.per_page(c.copies, pages))
+                .with("pages_copied_per_page", c.per_page(c.copies, pages))
+                .with("copy_calls_per_page", c.per_page(all_devs(&c.counters, "driver_calls.copy"), pages))
+                .with("map_calls_per_page", c.per_page(all_devs(&c.counters, "driver_calls.map"), pages))
                 .with("tlb_flushes_per_page", c.per_page(c.tlb_flushes, pages))
                 .with("counters", counters_json(&c.counters));
             if !explicit {
@@ -512,7 +519,7 @@ impl Bench {
             if timed {
                 c.push("baseline_bw", n as f64 / tb / 1e6);
             }
-            let t = self.counted(&mut c, timed, || {
+            let run = || -> R<f64> {
                 let r = t!(self.g.alloc(n as u64));
                 t!(self.s0.fill(r.addr, n as u64, value));
                 let t0 = now();
@@ -520,8 +527,15 @@ impl Bench {
                 let t = now() - t0;
                 ensure!(bad == 0, "P2: {bad} pages read wrong values");
                 Ok(t)
-            })?;
+            };
+            let t = self.counted(&mut c, timed, run)?;
+            // Diagnostic: the same without CPU fault-around (prefetch=0: one page per fault).
+            sys::control("prefetch=0")?;
+            let t1 = run();
+            sys::control("prefetch=1")?;
+            let t1 = t1?;
             if timed {
+                c.push("ratio_no_fault_around", tb / t1);
                 c.push("time_s", t);
                 c.push("bw_mbs", n as f64 / t / 1e6);
                 c.push("ratio", tb / t);
@@ -536,6 +550,7 @@ impl Bench {
             .with("time_s", c.stat("time_s"))
             .with("bw_mbs", c.stat("bw_mbs"))
             .with("ratio", c.stat("ratio"))
+            .with("ratio_no_fault_around", c.stat("ratio_no_fault_around"))
             .with("ratio_vs_libc_memcpy", c.stat("ratio_vs_libc_memcpy"))
             .with("ns_per_page", c.stat("ns_per_page"))
             .with("paired_baseline_mbs", c.stat("baseline_bw"))
@@ -644,7 +659,8 @@ impl Bench {
                     .with("back_ns_per_page", c.stat("back"))
                     .with("h2d_per_page", c.per_page(get(&c.counters, self.d0 as u32, "migrated.h2d"), np))
                     .with("d2h_per_page", c.per_page(get(&c.counters, self.d0 as u32, "migrated.d2h"), np))
-                    .with("copy_calls_per_page", c.per_page(c.copies, np))
+                    .with("pages_copied_per_page", c.per_page(c.copies, np))
+                    .with("copy_calls_per_page", c.per_page(all_devs(&c.counters, "driver_calls.copy"), np))
                     .with("tlb_flushes_per_page", c.per_page(c.tlb_flushes, np)),
             );
         }
@@ -812,6 +828,7 @@ impl Bench {
                             .with("slowdown_spread", cell.stat("slowdown"))
                             .with("dev0", overcommit_summary(&cell.counters, self.d0 as u32))
                             .with("copies_per_page", cell.per_page(cell.copies, pages))
+                            .with("copy_calls_per_page", cell.per_page(all_devs(&cell.counters, "driver_calls.copy"), pages))
                             .with("tlb_flushes_per_page", cell.per_page(cell.tlb_flushes, pages))
                             .with("counters", counters_json(&cell.counters));
                         if *kind == "touch" {

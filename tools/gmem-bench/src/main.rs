@@ -283,6 +283,8 @@ fn targets(out: &Json) -> Json {
         target("P4", "2x stream, preevict/prefetch off", "streaming slowdown at 2x oversubscription (preevict=0 prefetch=0)", p4_slowdown("preevict0_prefetch0", "stream"), "<=", 1.5, None),
         target("P4", "2x stream in 1 MiB launches, default", "same, kernels as 1 MiB launches (preevict=1 prefetch=1)", p4_slowdown("preevict1_prefetch1", "stream_chunked"), "<=", 1.5, None),
         target("P4", "2x stream in 1 MiB launches, off", "same, kernels as 1 MiB launches (preevict=0 prefetch=0)", p4_slowdown("preevict0_prefetch0", "stream_chunked"), "<=", 1.5, None),
+        target("Streaming", "copy calls per page, device faults", "driver copy calls per migrated page, P1 device-fault streaming (default)", num(out, &["p1", "on_demand_prefetch1", "copy_calls_per_page"]), "<=", 1.0 / 64.0, None),
+        target("Streaming", "TLB flushes per page, device faults", "device TLB flushes per migrated page, P1 device-fault streaming (default)", num(out, &["p1", "on_demand_prefetch1", "tlb_flushes_per_page"]), "<=", 1.0 / 64.0, None),
         target("P5", "metadata per untouched page", "metadata bytes per page of an untouched region (1 TiB)", num(out, &["p5", "bytes_per_untouched_page"]), "<=", 1.0, None),
         target("P5", "metadata per touched page", "metadata bytes per page of its touched part (16 MiB)", num(out, &["p5", "bytes_per_touched_page"]), "<=", 16.0, None),
     ])
