@@ -8,7 +8,7 @@
 //! a host page that GMEM may drop or replace when the page migrates. `access_remote_vm`
 //! falls back to `.access` when GUP refuses, so debuggers still read and write the right
 //! data: like a CPU access, it brings the page home (copying from a device if needed) and
-//! copies through the kernel mapping of the host page, under the region's page lock.
+//! copies through the kernel mapping of the host page, under the page's block lock.
 
 use crate::migrate::{self, Env};
 use crate::region::{Region, PAGE_SIZE};
@@ -23,8 +23,9 @@ pub(crate) unsafe fn access(region: &Arc<Region>, addr: usize, buf: *mut u8, len
     let i = region.index(addr).ok_or(EFAULT)?;
     let off = addr % PAGE_SIZE;
     let n = core::cmp::min(len, PAGE_SIZE - off);
-    let mut p = region.pages.lock();
-    if p.dead {
+    let block = region.block(i)?;
+    let mut p = block.pages.lock();
+    if region.is_dead() {
         return Err(EFAULT);
     }
     // The same transition as a CPU fault (duplicates collapse: the host copy becomes the
@@ -34,7 +35,7 @@ pub(crate) unsafe fn access(region: &Arc<Region>, addr: usize, buf: *mut u8, len
     let page = p.host(i).ok_or(EFAULT)?;
     let m = page.map();
     // SAFETY: the mapping covers the page and `off + n <= PAGE_SIZE`; `buf` is valid for
-    // `n <= len` bytes by the caller's contract; the page is held under the page lock.
+    // `n <= len` bytes by the caller's contract; the page is held under its block lock.
     unsafe {
         if write {
             core::ptr::copy_nonoverlapping(buf.cast_const(), m.ptr().add(off), n);

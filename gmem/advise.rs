@@ -98,18 +98,18 @@ fn advise_until(space: &Space, a: &Advice, cancelled: &dyn Fn() -> bool) -> Resu
         return Ok(());
     }
     let hint = |set: bool, bits: u32| -> Result {
-        let mut p = region.pages.lock();
-        let res = if set { p.advice.set(r, bits) } else { p.advice.clear(r, bits) };
+        let mut m = region.advice.lock();
+        let res = if set { m.set(r, bits) } else { m.clear(r, bits) };
         res.map_err(|_| E2BIG)
     };
     match a.advice {
         PREFERRED_LOC => {
             let v = if a.dev == HOST { adv::PREF_HOST } else { u32::from(device_id(a.dev)?) + 1 };
-            let mut p = region.pages.lock();
-            let mut m = p.advice;
+            let mut cur = region.advice.lock();
+            let mut m = *cur;
             m.clear(r, adv::PREF_MASK).map_err(|_| E2BIG)?;
             m.set(r, v << adv::PREF_SHIFT).map_err(|_| E2BIG)?;
-            p.advice = m;
+            *cur = m;
             Ok(())
         }
         UNSET_PREFERRED_LOC => hint(false, adv::PREF_MASK),
@@ -125,7 +125,7 @@ fn advise_until(space: &Space, a: &Advice, cancelled: &dyn Fn() -> bool) -> Resu
 /// The advice that move or discard data, with the mmap lock held for CPU zaps. A full
 /// device is made room on (eviction) and the page retried.
 ///
-/// The range is worked through in chunks of `sched::CHUNK` pages. Between chunks the mmap
+/// The range is worked through in chunks of one block (up to 512 pages). Between chunks the mmap
 /// lock and the reference on the address space's users are dropped, the task may be
 /// rescheduled, and the work stops (`EINTR`) on a fatal signal or when `cancelled()` says so
 /// (an asynchronous prefetch whose file is being closed). Not holding the mm's users
@@ -154,16 +154,21 @@ fn move_pages(space: &Space, region: &Arc<Region>, first: usize, count: usize, a
         // A pin must fit beside the other pins: refuse it up front rather than half way.
         // Every page of the range that is not pinned yet becomes a pinned frame of `d`.
         let newly = {
-            let p = region.pages.lock();
             // Pages of untouched blocks are not pinned; only touched blocks are walked.
             let mut pinned = 0u64;
-            let mut next = first;
-            while let Some(i) = p.meta.touched_from(next).filter(|&i| i < end) {
-                next = i + 1;
-                if (i - first) % crate::sched::CHUNK == 0 {
-                    crate::sched::cond_resched();
+            let mut from = first;
+            while let Some(block) = region.next_block(from) {
+                let p = block.pages.lock();
+                let r = p.range();
+                if r.start >= end {
+                    break;
                 }
-                pinned += u64::from(p.state(i).pinned());
+                from = r.end;
+                for i in core::cmp::max(r.start, first)..core::cmp::min(r.end, end) {
+                    pinned += u64::from(p.state(i).pinned());
+                }
+                drop(p);
+                crate::sched::cond_resched();
             }
             (end - first) as u64 - pinned
         };
@@ -202,8 +207,7 @@ fn move_range(
             return Err(EINTR);
         }
         if skip_untouched {
-            let next = region.pages.lock().meta.touched_from(i);
-            match next {
+            match region.touched_from(i) {
                 Some(t) if t < end => i = t,
                 _ => return Ok(()),
             }
@@ -211,16 +215,18 @@ fn move_range(
         let mm = space.mm_user().ok_or(EFAULT)?;
         let mmap = mm.mmap_read_lock();
         let vma = mmap.vma_lookup(region.start).filter(|v| v.start() == region.start);
-        let chunk_end = core::cmp::min(end, i + crate::sched::CHUNK);
+        // A chunk is the rest of page i's block: one block lock, one executor batch (or a
+        // few, when the device fills up or a page refuses).
+        let chunk_end = core::cmp::min(end, region.block_pages(i).end);
         // Eviction attempts for the current page; the budget is per page (refilled after
         // every batch that makes progress), so a long range does not run out of it.
         let mut retries = 0;
         let mut steps: KVec<migrate::Step> = KVec::with_capacity(migrate::BATCH_PAGES, GFP_KERNEL)?;
-        // The page lock is taken once per chunk, and dropped only to evict. The chunk goes
-        // to the block executor in batches (the whole chunk, unless a page refuses).
-        let mut p = region.pages.lock();
+        // The block lock is taken once per chunk, and dropped only to evict.
+        let block = region.block(i)?;
+        let mut p = block.pages.lock();
         while i < chunk_end {
-            if p.dead {
+            if region.is_dead() {
                 return Err(ENOENT);
             }
             steps.clear();
@@ -252,7 +258,7 @@ fn move_range(
                 i = steps[out.done].i;
                 match out.res {
                     Err(e) if e == ENOSPC => {
-                        // The device is full: evict (without the page lock), then retry.
+                        // The device is full: evict (without the block lock), then retry.
                         let acts = steps[out.done].a;
                         drop(p);
                         retries = if out.done > 0 { 1 } else { retries + 1 };
@@ -260,7 +266,7 @@ fn move_range(
                             return Err(ENOMEM);
                         }
                         crate::evict::make_room_for(&acts, 64, crate::evict::Why::Advice)?;
-                        p = region.pages.lock();
+                        p = block.pages.lock();
                         continue;
                     }
                     Err(e) => return Err(e),

@@ -9,7 +9,7 @@
 
 use crate::advise::{self, Advice, Fence};
 use crate::fault;
-use crate::policy::range;
+use crate::policy::{page_state::PageState, range};
 use crate::region::{adv, Region, PAGE_SIZE};
 use crate::registry;
 use crate::space::{self, Space};
@@ -271,12 +271,27 @@ impl GmemFile {
             return Err(EINVAL);
         }
         let mut out = KVVec::with_capacity(n, GFP_KERNEL)?;
-        {
-            let p = region.pages.lock();
-            for i in first..first + n {
-                out.push(p.state(i).query_word(), GFP_KERNEL)?;
+        // Block by block; untouched blocks are never touched pages (and stay unallocated).
+        let mut i = first;
+        while i < first + n {
+            let end = core::cmp::min(first + n, region.block_pages(i).end);
+            match region.block_if_any(i) {
+                Some(block) => {
+                    let p = block.pages.lock();
+                    for j in i..end {
+                        out.push(p.state(j).query_word(), GFP_KERNEL)?;
+                    }
+                    if i == first {
+                        q.dup_mask = u64::from(p.state(first).dup_mask());
+                    }
+                }
+                None => {
+                    for _ in i..end {
+                        out.push(PageState::EMPTY.query_word(), GFP_KERNEL)?;
+                    }
+                }
             }
-            q.dup_mask = u64::from(p.state(first).dup_mask());
+            i = end;
         }
         let bytes = n.checked_mul(4).ok_or(EINVAL)?;
         UserSlice::new(UserPtr::from_addr(q.states as usize), bytes).writer().write_slice(AsBytes::as_bytes(&*out))?;

@@ -148,27 +148,26 @@ fn show_spaces(_: &(), f: &mut fmt::Formatter<'_>) -> fmt::Result {
             from = r.end();
             c.regions += 1;
             c.metadata += r.metadata_bytes();
-            let p = r.pages.lock();
             // Pages of untouched blocks are all `Loc::None`; only touched blocks are walked.
             c.none += r.npages;
             let mut next = 0;
-            while let Some(i) = p.meta.touched_from(next) {
-                next = i + 1;
-                if i % crate::sched::CHUNK == 0 {
-                    crate::sched::cond_resched();
-                }
-                let st = p.state(i);
-                if st.loc() != Loc::None {
+            while let Some(block) = r.next_block(next) {
+                let p = block.pages.lock();
+                next = p.range().end;
+                for i in p.range() {
+                    let st = p.state(i);
+                    match st.loc() {
+                        Loc::None => continue,
+                        Loc::Host => c.host += 1,
+                        Loc::Lost => c.lost += 1,
+                        Loc::Device(d) => c.device[d as usize % MAX_DEVICES] += 1,
+                    }
                     c.none -= 1;
+                    c.pinned += st.pinned() as usize;
+                    c.duplicated += (st.dup_mask() != 0) as usize;
                 }
-                match st.loc() {
-                    Loc::None => {}
-                    Loc::Host => c.host += 1,
-                    Loc::Lost => c.lost += 1,
-                    Loc::Device(d) => c.device[d as usize % MAX_DEVICES] += 1,
-                }
-                c.pinned += st.pinned() as usize;
-                c.duplicated += (st.dup_mask() != 0) as usize;
+                drop(p);
+                crate::sched::cond_resched();
             }
             c.pages += r.npages;
         }

@@ -13,7 +13,7 @@
 //! outlive the driver: spaces and reverse maps hold it; nothing reaches the driver through it
 //! after `gone`.
 //!
-//! Lock order: `Device::frames` is a leaf (taken under a region's page lock; nothing is
+//! Lock order: `Device::frames` is a leaf (taken under a block lock; nothing is
 //! called under it). `Device::ctxs` is taken under `Space::ctxs` (or alone) and only the
 //! driver's `ctx_create` is called under it. Driver callbacks are never called under a
 //! spinlock.
@@ -288,7 +288,7 @@ pub(crate) struct Device {
     ctxs: Mutex<KVec<(u64, Ctx)>>,
     #[pin]
     frames: Mutex<FramePool>,
-    /// One evictor at a time per device (taken with no region lock held).
+    /// One evictor at a time per device (taken with no block lock held).
     #[pin]
     pub(crate) evict_lock: Mutex<()>,
     low: AtomicU64,

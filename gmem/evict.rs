@@ -6,7 +6,7 @@
 //!   are never chosen; frames parked by peers go first.
 //! - A victim leaves with its 2 MiB neighbourhood: every page of the same region in the
 //!   same 2 MiB block, on the same device, not pinned and not referenced, goes in the
-//!   same pass (one region lock).
+//!   same pass (one block lock).
 //! - Where it goes: to a peer device with spare frames (HUVM's harvesting; the lender keeps
 //!   its high watermark free, so its own allocations win), else to host memory. Clean
 //!   pages (valid host copy) are dropped without a copy.
@@ -14,18 +14,19 @@
 //!   background between the low and high watermarks (*pre-eviction*). The background pass
 //!   also writes parked victims back to host so that the lender can drop them instantly.
 //!
-//! Lock order: `Device::evict_lock` -> region pages -> `Space::ctxs` -> `Device::frames`.
-//! Eviction never runs with a region lock held by its caller.
+//! Lock order: `Device::evict_lock` -> a block's pages (`Block::pages`) -> `Space::ctxs` -> `Device::frames`.
+//! Eviction never runs with a block lock held by its caller.
 
 use crate::device::{Ctx, DevStats, Device, DeviceOps, Owner, F_PREFERRED_SPARED};
 use crate::policy::evict::F_LENT;
 use crate::policy::page_state::Target;
-use crate::region::adv;
+use crate::region::{adv, ADVICE_RUNS};
+use crate::policy::range::AdviceMap;
 use crate::migrate::{self, Env};
 use crate::policy::evict::{reclaim_target, F_REF};
 use crate::policy::page_state::{transition, Actions, Copy, Event, Loc};
 use crate::migrate::Step;
-use crate::region::{Region, PAGE_SIZE};
+use crate::region::Region;
 use crate::{registry, tune};
 use core::sync::atomic::Ordering::Relaxed;
 use kernel::{prelude::*, sync::Arc};
@@ -153,7 +154,7 @@ fn evict_pages(dev: &Device, region: &Arc<Region>, p: &mut crate::region::Pages,
 /// Whether the page at `i` (owner frame `frame` on `dev`) deserves a second chance: the
 /// device touched it since the last look, or it prefers this device and was not spared
 /// yet. Either way it is marked referenced.
-fn spare(dev: &Device, region: &Region, ctx: Option<Ctx>, p: &crate::region::Pages, i: usize, frame: u32) -> bool {
+fn spare(dev: &Device, region: &Region, ctx: Option<Ctx>, advice: &AdviceMap<ADVICE_RUNS>, i: usize, frame: u32) -> bool {
     let used = match (ctx, dev.ops()) {
         (Some(c), Some(ops)) => ops.test_clear_accessed(c, region.va(i)).unwrap_or(false),
         _ => false,
@@ -164,7 +165,7 @@ fn spare(dev: &Device, region: &Region, ctx: Option<Ctx>, p: &crate::region::Pag
         return true;
     }
     let d = dev.id as u8;
-    if adv::preferred(p.advice.get(i as u64)) == Some(Target::Device(d)) && dev.flags(frame) & F_PREFERRED_SPARED == 0 {
+    if adv::preferred(advice.get(i as u64)) == Some(Target::Device(d)) && dev.flags(frame) & F_PREFERRED_SPARED == 0 {
         dev.set_flags(frame, F_REF | F_PREFERRED_SPARED);
         return true;
     }
@@ -176,10 +177,13 @@ fn spare(dev: &Device, region: &Region, ctx: Option<Ctx>, p: &crate::region::Pag
 fn evict_victim(dev: &Device, frame: u32, who: &Owner, peer: &Option<Arc<Device>>, budget: usize) -> Result<usize> {
     let region = &who.region;
     let i = who.page as usize;
-    let mut p = region.pages.lock();
-    if p.dead || i >= region.npages {
+    // A page that holds a frame has a block.
+    let Some(blk) = region.block_if_any(i) else { return Ok(0) };
+    let mut p = blk.pages.lock();
+    if region.is_dead() {
         return Ok(0);
     }
+    let advice = *region.advice.lock();
     let d = dev.id as u8;
     let s = p.state(i);
     let owner = s.loc() == Loc::Device(d) && p.frame(i) == frame;
@@ -188,17 +192,15 @@ fn evict_victim(dev: &Device, frame: u32, who: &Owner, peer: &Option<Arc<Device>
     }
     // The device's context for this region's space, looked up once for the whole batch.
     let ctx = region.space.ctx_if_any(dev);
-    if owner && spare(dev, region, ctx, &p, i, frame) {
+    if owner && spare(dev, region, ctx, &advice, i, frame) {
         return Ok(0);
     }
     // The victim and the cold rest of its 2 MiB block in this region, as one batch.
     // Neighbours go along only while the caller still needs frames.
     let mut idx: KVec<usize> = KVec::with_capacity(migrate::BATCH_PAGES, GFP_KERNEL)?;
     idx.push(i, GFP_KERNEL)?;
-    let pages_per_block = (1usize << 21) / PAGE_SIZE;
-    let block = (region.va(i) as usize) & !((1usize << 21) - 1);
-    let first = if block < region.start { 0 } else { (block - region.start) / PAGE_SIZE };
-    let last = core::cmp::min(region.npages, first + pages_per_block);
+    // The block is the 2 MiB virtual block of the victim, within the region.
+    let (first, last) = (p.range().start, p.range().end);
     for j in first..last {
         if idx.len() >= budget {
             break;
@@ -211,7 +213,7 @@ fn evict_victim(dev: &Device, frame: u32, who: &Owner, peer: &Option<Arc<Device>
             continue;
         }
         let fj = p.frame(j);
-        if dev.flags(fj) & F_REF != 0 || spare(dev, region, ctx, &p, j, fj) {
+        if dev.flags(fj) & F_REF != 0 || spare(dev, region, ctx, &advice, j, fj) {
             continue;
         }
         idx.push(j, GFP_KERNEL)?;
@@ -222,7 +224,7 @@ fn evict_victim(dev: &Device, frame: u32, who: &Owner, peer: &Option<Arc<Device>
 }
 
 /// Frees at least `want` frames on `dev` if that many are evictable; returns frames freed
-/// (0: nothing evictable, or host memory exhausted). Must be called with no region lock held.
+/// (0: nothing evictable, or host memory exhausted). Must be called with no block lock held.
 pub(crate) fn make_room(dev: &Arc<Device>, want: usize, why: Why) -> usize {
     let _one = dev.evict_lock.lock();
     // Another evictor may have made room while we waited for the lock.
@@ -268,7 +270,7 @@ pub(crate) fn make_room(dev: &Arc<Device>, want: usize, why: Why) -> usize {
 /// evicted: all pinned, or the host is out of memory) — a pass that freed fewer than
 /// `want`, or none because others (the background worker, a concurrent evictor, a free)
 /// made room meanwhile, still lets the caller retry. The caller must have dropped its
-/// region lock.
+/// block lock.
 pub(crate) fn make_room_for(a: &Actions, want: usize, why: Why) -> Result {
     let full = a.alloc_frame.and_then(|d| registry::get(d as usize)).ok_or(ENOMEM)?;
     if make_room(&full, want, why) == 0 && full.frames_free() == 0 {
@@ -283,8 +285,9 @@ fn write_back_parked(dev: &Device) {
     for (f, who) in list.iter() {
         let region = &who.region;
         let i = who.page as usize;
-        let mut p = region.pages.lock();
-        if p.dead || i >= region.npages {
+        let Some(blk) = region.block_if_any(i) else { continue };
+        let mut p = blk.pages.lock();
+        if region.is_dead() {
             continue;
         }
         let s = p.state(i);

@@ -3,7 +3,7 @@
 //! - CPU fault: `vm_fault` (the VMA's `.fault`, raw `vm_operations_struct`) -> `cpu_fault`.
 //! - Device fault: the driver calls `gmem_dev_fault()` with a batch -> `device_fault`.
 //!
-//! Both end in `migrate::apply` with the region's page lock held. Also here: the other VMA
+//! Both end in the block executor with the block's lock held. Also here: the other VMA
 //! callbacks (open/close/may_split/mremap) that tie a region's life to its VMA.
 
 use crate::abi::{GmemDevHandle, GmemSpaceHandle, GMEM_ACCESS_READ, GMEM_ACCESS_WRITE};
@@ -15,8 +15,9 @@ use crate::policy::page_state::{transition, Actions, Copy, Event, Loc, PageState
 use crate::policy::thrash::{ThrashParams, Verdict};
 use crate::{prefetch, tune};
 use core::sync::atomic::Ordering::Relaxed;
-use crate::region::{adv, Pages, Region};
-use crate::space::{self, Space};
+use crate::region::{adv, Pages, Region, ADVICE_RUNS};
+use crate::policy::range::AdviceMap;
+use crate::space::{self, Space, Thrash};
 use kernel::{
     bindings,
     ffi::{c_int, c_ulong, c_void},
@@ -135,8 +136,9 @@ pub(crate) fn cpu_transition(s: PageState, write: bool) -> core::result::Result<
 /// are left alone.
 fn cpu_fault(region: &Arc<Region>, vmf: *mut bindings::vm_fault, addr: usize, write: bool) -> Result<bindings::vm_fault_t> {
     let i = region.index(addr).ok_or(EFAULT)?;
-    let mut p = region.pages.lock();
-    if p.dead {
+    let block = region.block(i)?;
+    let mut p = block.pages.lock();
+    if region.is_dead() {
         return Err(EFAULT);
     }
     let s = p.state(i);
@@ -172,12 +174,8 @@ fn cpu_fault(region: &Arc<Region>, vmf: *mut bindings::vm_fault, addr: usize, wr
         // The faulting page was not moved (the batch stopped at or before it).
         return Err(out.res.err().unwrap_or(EFAULT));
     }
-    for st in &steps[..out.done] {
-        if matches!(st.a.copy, Copy::D2H(_)) || (matches!(st.prev.loc(), Loc::Device(_)) && st.next.loc() == Loc::Host) {
-            // Throttling is the device side's job; the CPU side only records the move.
-            let _ = record_move(None, &region.space, region.va(st.i));
-        }
-    }
+    // Throttling is the device side's job; the CPU side only records the moves.
+    let _ = record_moves(None, &region.space, region, &steps[..out.done]);
     if !a.map_cpu {
         return Err(EFAULT);
     }
@@ -189,18 +187,18 @@ fn cpu_fault(region: &Arc<Region>, vmf: *mut bindings::vm_fault, addr: usize, wr
         // mapped then; nothing is lost.
         // SAFETY: the VMA is live and VM_MIXEDMAP (set at mmap) with the mmap or VMA lock
         // held by the fault; the page belongs to the region, which keeps it until it zaps
-        // this mapping (under the page lock we hold).
+        // this mapping (under the block lock we hold).
         let _ = unsafe { bindings::vm_insert_page(vma, region.va(st.i) as c_ulong, pg.as_ptr()) };
     }
     let page = p.host(i).ok_or(EFAULT)?;
     // SAFETY: `vmf` is the live fault descriptor; the page belongs to the region, which
-    // keeps it until it zaps this mapping (all under the page lock we hold).
+    // keeps it until it zaps this mapping (all under the block lock we hold).
     Ok(unsafe { bindings::vmf_insert_page_mkwrite(vmf, page.as_ptr(), true) })
 }
 
 /// Device fault: services a coalesced, sorted batch of page addresses of `space` for
 /// `dev`, block (2 MiB) by block: the pages of one block and region go to the block
-/// executor together, under one page lock; after each block, density prefetch may fetch
+/// executor together, under the block's lock; after each block, density prefetch may fetch
 /// more of it.
 pub(crate) fn device_fault(dev: &Arc<Device>, space: &Space, addrs: &[u64], write: bool) -> Result {
     let mm = space.mm_user().ok_or(EFAULT)?;
@@ -260,37 +258,54 @@ pub(crate) fn now_ns() -> u64 {
     unsafe { bindings::ktime_get() as u64 }
 }
 
-/// Records a migration of `va` in the space's thrash table; returns true to throttle.
-pub(crate) fn record_move(dev: Option<&Device>, space: &Space, va: u64) -> bool {
+/// Records the migrations of the pages of `steps` that moved data (copies, not zero
+/// fills) in the space's thrash table, under one acquisition of its lock per batch;
+/// returns true to throttle.
+pub(crate) fn record_moves(dev: Option<&Device>, space: &Space, r: &Region, steps: &[migrate::Step]) -> bool {
     if !tune::THRASH.load(Relaxed) {
         return false;
     }
-    let v = {
-        let mut t = space.thrash.lock();
-        if !t.recent.seen_again(va) {
-            // First move of this page in a while: nothing to track.
-            return false;
-        }
-        t.table.on_move(va, now_ns(), &thrash_params())
+    let moved = |st: &&migrate::Step| match dev {
+        Some(_) => st.a.copy != Copy::None && !matches!(st.a.copy, Copy::ZeroDev(_)),
+        None => matches!(st.a.copy, Copy::D2H(_)) || (matches!(st.prev.loc(), Loc::Device(_)) && st.next.loc() == Loc::Host),
     };
-    let hit = !matches!(v, Verdict::Migrate);
-    if let (true, Some(dev)) = (hit, dev) {
-        DevStats::add(&dev.stats.thrash_events, 1);
+    let (mut hits, mut throttle) = (0u64, false);
+    {
+        let mut t = space.thrash.lock();
+        let now = now_ns();
+        for st in steps.iter().filter(moved) {
+            let va = r.va(st.i);
+            if !t.recent.seen_again(va) {
+                // First move of this page in a while: nothing to track.
+                continue;
+            }
+            let v = t.table.on_move(va, now, &thrash_params());
+            hits += u64::from(!matches!(v, Verdict::Migrate));
+            throttle |= matches!(v, Verdict::Throttle);
+        }
     }
-    matches!(v, Verdict::Throttle)
+    if let Some(dev) = dev {
+        DevStats::add(&dev.stats.thrash_events, hits);
+    }
+    throttle
 }
 
 /// The transition of a device access by `d` to page `i` of `r`, with the advice in force
 /// (and a page that kept bouncing treated as accessed-by: it stays on the host, mapped
 /// remotely, for a while).
-fn dev_fault_step(space: &Space, r: &Region, p: &Pages, i: usize, write: bool, d: u8) -> core::result::Result<Option<migrate::Step>, Refused> {
-    let bits = p.advice.get(i as u64);
+fn dev_fault_step(
+    r: &Region,
+    p: &Pages,
+    advice: &AdviceMap<ADVICE_RUNS>,
+    thrash: Option<&Thrash>,
+    i: usize,
+    write: bool,
+    d: u8,
+) -> core::result::Result<Option<migrate::Step>, Refused> {
+    let bits = advice.get(i as u64);
     let s = p.state(i);
     let mut accessed_by = bits & (1 << d) != 0 || adv::preferred(bits) == Some(Target::Host);
-    if !accessed_by && tune::THRASH.load(Relaxed) && s.loc() == Loc::Host && {
-        let t = space.thrash.lock();
-        !t.table.is_empty() && t.table.pinned(r.va(i), now_ns())
-    } {
+    if !accessed_by && s.loc() == Loc::Host && thrash.is_some_and(|t| !t.table.is_empty() && t.table.pinned(r.va(i), now_ns())) {
         accessed_by = true;
     }
     let ev = Event::DevFault { dev: d, write, read_mostly: bits & adv::READ_MOSTLY != 0, accessed_by };
@@ -310,20 +325,26 @@ fn fault_pages(
     d: u8,
 ) -> Result {
     let mut steps: KVec<migrate::Step> = KVec::with_capacity(idx.len(), GFP_KERNEL)?;
+    let Some(&i0) = idx.first() else { return Ok(()) };
+    let block = r.block(i0)?;
     let mut next_page = 0;
     let mut attempts = 0;
     while next_page < idx.len() {
-        let mut p = r.pages.lock();
-        if p.dead {
+        let mut p = block.pages.lock();
+        if r.is_dead() {
             return Err(EFAULT);
         }
+        let advice = *r.advice.lock();
         if !dev.alive() {
             return Err(ENODEV);
         }
         steps.clear();
         let mut refusal = None;
+        // The thrash table is consulted for the whole batch under one acquisition of its
+        // lock (a leaf), dropped before the executor runs.
+        let thrash = if tune::THRASH.load(Relaxed) { Some(space.thrash.lock()) } else { None };
         for &i in &idx[next_page..] {
-            match dev_fault_step(space, r, &p, i, write, d) {
+            match dev_fault_step(r, &p, &advice, thrash.as_deref(), i, write, d) {
                 Ok(Some(st)) => steps.push(st, GFP_KERNEL)?,
                 Ok(None) => {}
                 Err(e) => {
@@ -332,22 +353,18 @@ fn fault_pages(
                 }
             }
         }
+        drop(thrash);
         let out = migrate::apply_batch(&Env::access(r, vma), &mut p, &steps);
         let done = &steps[..out.done];
         Space::add(&space.stats.dev_faults, done.len() as u64);
         let allocs = done.iter().filter(|st| st.a.alloc_frame.is_some()).count();
         DevStats::add(&dev.stats.fault_allocs, allocs as u64);
-        let mut throttle = false;
-        for st in done {
-            if st.a.copy != Copy::None && !matches!(st.a.copy, Copy::ZeroDev(_)) {
-                throttle |= record_move(Some(dev), space, r.va(st.i));
-            }
-        }
+        let throttle = record_moves(Some(dev), space, r, done);
         if out.done < steps.len() {
             let stuck = steps[out.done];
             match out.res {
                 Err(e) if e == ENOSPC => {
-                    // The device is full: evict (without the page lock), then retry from the
+                    // The device is full: evict (without the block lock), then retry from the
                     // first page that did not get a frame.
                     drop(p);
                     attempts = if out.done > 0 { 1 } else { attempts + 1 };

@@ -29,7 +29,7 @@ pub(crate) struct HostPage(NonNull<bindings::page>);
 // SAFETY: a page can be freed and accessed from any thread; ownership is unique.
 unsafe impl Send for HostPage {}
 // SAFETY: `HostPage` has no interior mutability; the data is accessed through raw mappings
-// under the region's page lock.
+// under the block lock.
 unsafe impl Sync for HostPage {}
 
 impl HostPage {

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0
 //! Migration: carries out the [`Actions`] that the page-state machine
 //! (`policy/src/page_state.rs`) decided for one page. Every fault, advice and teardown path
-//! ends here, with the region's page lock held.
+//! ends here, with the block's lock held.
 //!
 //! Order of work (deliberately not the field order of `Actions`): allocate first (so a
 //! failure changes nothing), then revoke every mapping of the old copy (CPU and devices),
@@ -63,7 +63,7 @@ fn host_ptr(p: &Pages, i: usize) -> Result<*mut kernel::bindings::page> {
 }
 
 /// One page's transition, as the executor receives it: page `i` goes from `prev` (its
-/// state when the caller decided, under the same page lock) to `next` by the actions `a`.
+/// state when the caller decided, under the same block lock) to `next` by the actions `a`.
 #[derive(Clone, Copy)]
 pub(crate) struct Step {
     pub(crate) i: usize,
@@ -126,8 +126,9 @@ impl FrameSupply {
                 continue;
             }
             // A device that started unregistering takes nothing new. Evacuation marks it
-            // dead first and then takes every region lock, so checking here, under the
-            // region lock, cannot miss it. A shortfall shows as ENOSPC/ENODEV per step.
+            // dead first and then takes the lock of every block that exists then (this one
+            // included: it was created before we locked it), so checking here cannot
+            // miss it. A shortfall shows as ENOSPC/ENODEV per step.
             if let Ok(dev) = devs.get(d as u8) {
                 if dev.alive() {
                     let _ = dev.alloc_frames(w, &mut sup.frames[d]);
@@ -162,7 +163,7 @@ impl FrameSupply {
 /// Frees what step 1 allocated for one page when a later step fails.
 fn undo(p: &mut Pages, i: usize, fresh: &Fresh, devs: &mut Devs) {
     if fresh.host {
-        drop(p.meta.set_host(i, None));
+        drop(p.set_host(i, None));
     }
     if let Some((d, f)) = fresh.frame {
         if let Ok(dev) = devs.get(d) {
@@ -314,16 +315,16 @@ pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outco
     for st in steps {
         let i = st.i;
         let mut f = Fresh::default();
-        // The page's metadata block (allocated on first touch).
-        if let Err(e) = p.meta.ensure(i) {
-            stop = Err(e);
+        // A batch is one block's (the caller locked it).
+        if !p.contains(i) {
+            stop = Err(EINVAL);
             break;
         }
         if st.a.alloc_host && p.host(i).is_none() {
             // A page a D2H copy fills whole needs no zeroing first.
             match HostPage::alloc(space.mm(), !matches!(st.a.copy, Copy::D2H(_))) {
                 Ok(pg) => {
-                    drop(p.meta.set_host(i, Some(pg)));
+                    drop(p.set_host(i, Some(pg)));
                     f.host = true;
                 }
                 Err(e) => {
@@ -430,7 +431,7 @@ fn commit(env: &Env<'_>, p: &mut Pages, st: &Step, fresh: &Fresh, devs: &mut Dev
     let who = Owner { region: env.region.clone(), page: i as u32 };
     if let Some((d, f)) = fresh.frame {
         if next.loc() == Loc::Device(d) {
-            p.meta.set_frame(i, f);
+            p.set_frame(i, f);
         } else {
             // The tree node was reserved before step 1, so this cannot fail.
             let _ = p.dups.insert(i, d, f);
@@ -457,13 +458,13 @@ fn commit(env: &Env<'_>, p: &mut Pages, st: &Step, fresh: &Fresh, devs: &mut Dev
         }
     }
     if a.free_host {
-        drop(p.meta.set_host(i, None));
+        drop(p.set_host(i, None));
     }
     // A pin that ends gives its page back to the process's pin quota.
     if st.prev.pinned() && !next.pinned() {
         crate::pin_quota::uncharge(env.region.space.mm(), 1);
     }
-    p.meta.set_state(i, next.bits());
+    p.set_state(i, next.bits());
 }
 
 /// Step 6 for device `d`: one `map` call with the entries of every step that maps on it.
@@ -495,83 +496,61 @@ fn map_batch(env: &Env<'_>, p: &Pages, steps: &[Step], d: u8, devs: &mut Devs) -
 /// Most steps one executor batch takes: one 2 MiB block of 4 KiB pages.
 pub(crate) const BATCH_PAGES: usize = 512;
 
-/// Applies `event` to every page of `pages` in `range` (advice and teardown paths), in
-/// executor batches of up to [`BATCH_PAGES`] pages. Refused transitions are reported with
-/// `refused` (the pages before the refused one are done); stops at the first execution
-/// error. Never-touched pages are skipped without a transition when `event` leaves them
-/// alone.
+/// Applies `event` to the pages of the locked block `p` within `first..end`, as one
+/// executor batch (teardown). Refused transitions are reported with `refused` (the pages
+/// before the refused one are done); stops at the first execution error. Never-touched
+/// pages are skipped without a transition when `event` leaves them alone.
 pub(crate) fn apply_range(
     env: &Env<'_>,
     p: &mut Pages,
     first: usize,
-    count: usize,
+    end: usize,
     event: crate::policy::page_state::Event,
     refused: Error,
 ) -> Result {
     use crate::policy::page_state::transition;
-    let skip_empty = matches!(transition(PageState::EMPTY, event), Ok((n, a)) if n == PageState::EMPTY && a == Actions::default());
-    let end = first.checked_add(count).ok_or(EINVAL)?;
-    let mut steps: KVec<Step> = KVec::with_capacity(BATCH_PAGES, GFP_KERNEL)?;
-    let mut i = first;
-    while i < end {
-        crate::sched::cond_resched();
-        steps.clear();
-        let mut refusal = None;
-        while i < end && steps.len() < BATCH_PAGES {
-            if skip_empty {
-                // Untouched blocks are skipped whole, then never-touched pages one by one.
-                match p.meta.touched_from(i) {
-                    Some(t) if t > i => {
-                        i = t;
-                        continue;
-                    }
-                    Some(_) => {}
-                    None => {
-                        i = end;
-                        break;
-                    }
-                }
-                if p.state(i) == PageState::EMPTY {
-                    i += 1;
-                    continue;
-                }
+    let r = p.range();
+    let (first, end) = (core::cmp::max(first, r.start), core::cmp::min(end, r.end));
+    let mut steps: KVec<Step> = KVec::with_capacity(end.saturating_sub(first), GFP_KERNEL)?;
+    let mut refusal = None;
+    for i in first..end {
+        let s = p.state(i);
+        match transition(s, event) {
+            Err(_) => {
+                refusal = Some(refused);
+                break;
             }
-            let s = p.state(i);
-            match transition(s, event) {
-                Err(_) => {
-                    refusal = Some(refused);
-                    break;
-                }
-                Ok((next, a)) if next != s || a != Actions::default() => steps.push(Step { i, prev: s, next, a }, GFP_KERNEL)?,
-                Ok(_) => {}
-            }
-            i += 1;
-        }
-        let out = apply_batch(env, p, &steps);
-        out.res?;
-        if let Some(e) = refusal {
-            return Err(e);
+            Ok((next, a)) if next != s || a != Actions::default() => steps.push(Step { i, prev: s, next, a }, GFP_KERNEL)?,
+            Ok(_) => {}
         }
     }
-    Ok(())
+    apply_batch(env, p, &steps).res?;
+    refusal.map_or(Ok(()), Err)
 }
 
 /// Releases everything a region holds (VMA close: munmap, FREE, exit). Idempotent.
 ///
-/// The region is marked dead and emptied under its page lock *before* it leaves its
-/// space's tree: device evacuation walks the tree, so it either finds the region (and
-/// serialises with this on the page lock) or finds it gone, already empty. No driver is
-/// called after its unregistration returned (callbacks go through `Device::ops`).
+/// The region is marked dead, then emptied block by block under each block's lock,
+/// *before* it leaves its space's tree: device evacuation walks the tree, so it either
+/// finds the region (and serialises with this on the block locks) or finds it gone,
+/// already empty. A fault that locks a block after teardown passed it sees `dead`; one
+/// that got there first is undone when teardown reaches the block. No driver is called
+/// after its unregistration returned (callbacks go through `Device::ops`).
 pub(crate) fn teardown(region: &Arc<Region>) {
     use crate::policy::page_state::Event;
-    {
-        let mut p = region.pages.lock();
-        if !p.dead {
-            p.dead = true;
-            let env = Env::background(region);
-            if let Err(e) = apply_range(&env, &mut p, 0, region.npages, Event::Free, EINVAL) {
-                pr_err!("teardown of region {:#x} failed: {:?}\n", region.start, e);
+    if !region.mark_dead() {
+        let env = Env::background(region);
+        let mut from = 0;
+        while let Some(block) = region.next_block(from) {
+            let mut p = block.pages.lock();
+            from = p.range().end;
+            let r = p.range();
+            if let Err(e) = apply_range(&env, &mut p, r.start, r.end, Event::Free, EINVAL) {
+                pr_err!("teardown of region {:#x} failed: {:?}
+", region.start, e);
             }
+            drop(p);
+            crate::sched::cond_resched();
         }
     }
     region.space.remove_region(region);
@@ -592,10 +571,6 @@ pub(crate) struct Evacuated {
 pub(crate) fn evacuate(region: &Arc<Region>, dev: &Device, lose: bool) -> Evacuated {
     use crate::policy::page_state::{transition, Event};
     let mut out = Evacuated::default();
-    let mut p = region.pages.lock();
-    if p.dead {
-        return out;
-    }
     let env = Env::background(region);
     let d = dev.id as u8;
     let mut moved = 0u64;
@@ -603,40 +578,46 @@ pub(crate) fn evacuate(region: &Arc<Region>, dev: &Device, lose: bool) -> Evacua
     // the host is full), the region's other pages that need one are not tried again in
     // this pass: each try would reclaim in vain. Pages that need no allocation still move.
     let mut host_short = false;
-    let mut next_page = 0;
-    while let Some(i) = p.meta.touched_from(next_page) {
-        next_page = i + 1;
-        if i % crate::sched::CHUNK == 0 {
-            crate::sched::cond_resched();
+    let mut from = 0;
+    while let Some(block) = region.next_block(from) {
+        let mut p = block.pages.lock();
+        let range = p.range();
+        from = range.end;
+        if region.is_dead() {
+            break;
         }
-        let s = p.state(i);
-        let involved = s.loc() == Loc::Device(d) || (s.dup_mask() | s.remote_mask()) & (1 << d) != 0;
-        if !involved {
-            continue;
-        }
-        let saved = match transition(s, Event::DeviceGone { dev: d }) {
-            Ok((_, a)) if host_short && a.alloc_host && p.host(i).is_none() => Err(ENOMEM),
-            Ok((next, a)) => apply(&env, &mut p, i, next, &a),
-            Err(_) => Err(EINVAL),
-        };
-        match saved {
-            Ok(()) => {
-                moved += 1;
+        for i in range {
+            let s = p.state(i);
+            let involved = s.loc() == Loc::Device(d) || (s.dup_mask() | s.remote_mask()) & (1 << d) != 0;
+            if !involved {
                 continue;
             }
-            Err(e) if e == ENOMEM => host_short = true,
-            Err(_) => {}
+            let saved = match transition(s, Event::DeviceGone { dev: d }) {
+                Ok((_, a)) if host_short && a.alloc_host && p.host(i).is_none() => Err(ENOMEM),
+                Ok((next, a)) => apply(&env, &mut p, i, next, &a),
+                Err(_) => Err(EINVAL),
+            };
+            match saved {
+                Ok(()) => {
+                    moved += 1;
+                    continue;
+                }
+                Err(e) if e == ENOMEM => host_short = true,
+                Err(_) => {}
+            }
+            if !lose {
+                out.left += 1;
+                continue;
+            }
+            // `Lose` allocates and copies nothing, so it cannot fail for want of memory; it
+            // releases the page's frames on every device and its mappings.
+            match transition(s, Event::Lose).map_err(|_| EINVAL).and_then(|(next, a)| apply(&env, &mut p, i, next, &a)) {
+                Ok(()) => out.lost += 1,
+                Err(_) => out.left += 1,
+            }
         }
-        if !lose {
-            out.left += 1;
-            continue;
-        }
-        // `Lose` allocates and copies nothing, so it cannot fail for want of memory; it
-        // releases the page's frames on every device and its mappings.
-        match transition(s, Event::Lose).map_err(|_| EINVAL).and_then(|(next, a)| apply(&env, &mut p, i, next, &a)) {
-            Ok(()) => out.lost += 1,
-            Err(_) => out.left += 1,
-        }
+        drop(p);
+        crate::sched::cond_resched();
     }
     DevStats::add(&dev.stats.evacuated, moved);
     DevStats::add(&dev.stats.lost, out.lost);

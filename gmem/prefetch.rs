@@ -21,10 +21,13 @@ use kernel::{mm::virt::VmaRef, prelude::*, sync::Arc};
 /// touched the pages in `faulted` (bitmap over the block's 512 pages).
 pub(crate) fn on_fault(dev: &Arc<Device>, r: &Arc<Region>, vma: Option<&VmaRef>, block_va: usize, faulted: &[u64; 8]) {
     let d = dev.id as u8;
-    let mut p = r.pages.lock();
-    if p.dead || !dev.alive() {
+    let Some(first) = r.index(core::cmp::max(block_va, r.start)) else { return };
+    let Ok(block) = r.block(first) else { return };
+    let mut p = block.pages.lock();
+    if r.is_dead() || !dev.alive() {
         return;
     }
+    let advice = *r.advice.lock();
     let (mut resident, mut valid) = ([0u64; 8], [0u64; 8]);
     for k in 0..BLOCK_PAGES {
         if let Some(j) = r.index(block_va + k * PAGE_SIZE) {
@@ -42,7 +45,7 @@ pub(crate) fn on_fault(dev: &Arc<Device>, r: &Arc<Region>, vma: Option<&VmaRef>,
         }
         let Some(j) = r.index(block_va + k * PAGE_SIZE) else { continue };
         // Advice decides placement for advised pages; leave them alone.
-        if p.advice.get(j as u64) != 0 {
+        if advice.get(j as u64) != 0 {
             continue;
         }
         let s = p.state(j);
@@ -84,12 +87,13 @@ pub(crate) fn cpu_window(r: &Region, p: &Pages, i: usize, out: &mut KVec<usize>)
         }
     }
     let extra = density(&resident, &faulted, &valid, tune::PREFETCH_PCT.load(Relaxed), BLOCK_PAGES);
+    let advice = *r.advice.lock();
     for k in 0..BLOCK_PAGES {
         if extra[k / 64] & (1 << (k % 64)) == 0 {
             continue;
         }
         let Some(j) = r.index(block_va + k * PAGE_SIZE) else { continue };
-        if p.advice.get(j as u64) == 0 {
+        if advice.get(j as u64) == 0 {
             out.push(j, GFP_KERNEL)?;
         }
     }

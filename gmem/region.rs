@@ -3,18 +3,32 @@
 //!
 //! Per touched page the region keeps exactly 16 bytes: the packed page state (4, see
 //! `policy/src/page_state.rs`), the owner's frame number (4) and the host page (8, `None`
-//! when no host copy exists), in zero-filled arrays allocated per 2 MiB block on first
-//! touch, which fail cleanly (`meta.rs`): an untouched region costs almost nothing. Read-only
-//! duplicates live in a tree keyed by (page, device).
-//! Advice is kept per range in a small interval map (`policy/src/range.rs`).
+//! when no host copy exists), in zero-filled arrays (`meta.rs`) allocated per **block** on
+//! first touch. A block is the part of the region inside one 2 MiB-aligned virtual block
+//! (512 pages; the first and last may be shorter), so the blocks of device fault batches,
+//! density prefetch, fault-around and eviction neighbourhoods are exactly these. Read-only
+//! duplicates live in a tree per block keyed by (page, device). Advice is kept per range
+//! in a small interval map (`policy/src/range.rs`).
 //!
-//! Lock order: mmap lock -> `Region::pages` -> `Space::ctxs` -> `Device::frames`.
+//! **Locking.** Each block has its own lock (`Block::pages`), so work on different blocks
+//! of one region — faults from two threads, or from two devices — runs in parallel. The
+//! block directory (`Region::dir`) and the advice map (`Region::advice`) are leaf locks,
+//! held only to look up or create a block and to read or change advice. No code holds two
+//! block locks at once.
+//!
+//! Lock order: mmap lock -> `Block::pages` -> (`Region::advice` | `Region::dir` |
+//! `Space::thrash`) and `Space::ctxs` -> `Device::frames`.
+//!
+//! **Lifetimes.** A block is created once and never removed before its region is dropped;
+//! lookups hand out `Arc<Block>` references. A torn-down region (`dead`) keeps its blocks
+//! (empty) until the last reference to the region goes.
 
 use crate::policy::page_state::{PageState, MAX_DEVICES};
 use crate::policy::range::{AdviceMap, PageRange};
 use crate::space::Space;
 use crate::host_page::HostPage;
-use crate::meta::PageMeta;
+use crate::meta::Meta;
+use core::sync::atomic::{AtomicBool, Ordering};
 use kernel::{
     new_mutex,
     prelude::*,
@@ -101,29 +115,70 @@ impl Dups {
     }
 }
 
-/// The per-page arrays, under the region's lock.
+/// Pages per block (one 2 MiB virtual block of 4 KiB pages).
+pub(crate) const BLOCK_PAGES: usize = 512;
+/// Blocks per directory leaf (a leaf covers 128 MiB and costs 512 bytes once touched; a
+/// 1 TiB region has 8,192 directory slots of 24 bytes).
+const LEAF_BLOCKS: usize = 64;
+
+/// The per-page data of one block, under the block's lock. Pages are named by their index
+/// in the region; indices outside the block read as empty and are never written.
 pub(crate) struct Pages {
-    /// Set once the region is torn down: every later fault gets SIGBUS / EFAULT.
-    pub(crate) dead: bool,
-    /// State, owner frame and host page of every page (lazily allocated).
-    pub(crate) meta: PageMeta,
+    /// Region index of the block's first page.
+    base: usize,
+    state: Meta<u32>,
+    frame: Meta<u32>,
+    host: Meta<Option<HostPage>>,
     pub(crate) dups: Dups,
-    pub(crate) advice: AdviceMap<ADVICE_RUNS>,
 }
 
 impl Pages {
+    /// The block's pages as region indices.
+    pub(crate) fn range(&self) -> core::ops::Range<usize> {
+        self.base..self.base + self.state.len()
+    }
+
+    pub(crate) fn contains(&self, i: usize) -> bool {
+        self.range().contains(&i)
+    }
+
+    fn at(&self, i: usize) -> Option<usize> {
+        i.checked_sub(self.base).filter(|&k| k < self.state.len())
+    }
+
     pub(crate) fn state(&self, i: usize) -> PageState {
-        PageState::from_bits(self.meta.state(i))
+        PageState::from_bits(self.at(i).and_then(|k| self.state.get(k)).copied().unwrap_or(0))
     }
 
     /// The owner device's frame of page `i` (meaningful while the page is on a device).
     pub(crate) fn frame(&self, i: usize) -> u32 {
-        self.meta.frame(i)
+        self.at(i).and_then(|k| self.frame.get(k)).copied().unwrap_or(0)
     }
 
     /// The host page of page `i`, if it has one.
     pub(crate) fn host(&self, i: usize) -> Option<&HostPage> {
-        self.meta.host(i)
+        self.at(i).and_then(|k| self.host.get(k)?.as_ref())
+    }
+
+    pub(crate) fn set_state(&mut self, i: usize, bits: u32) {
+        if let Some(s) = self.at(i).and_then(|k| self.state.get_mut(k)) {
+            *s = bits;
+        }
+    }
+
+    pub(crate) fn set_frame(&mut self, i: usize, frame: u32) {
+        if let Some(f) = self.at(i).and_then(|k| self.frame.get_mut(k)) {
+            *f = frame;
+        }
+    }
+
+    /// Replaces page `i`'s host page, returning the old one (or, for an index outside the
+    /// block, handing `page` back).
+    pub(crate) fn set_host(&mut self, i: usize, page: Option<HostPage>) -> Option<HostPage> {
+        match self.at(i).and_then(|k| self.host.get_mut(k)) {
+            Some(h) => core::mem::replace(h, page),
+            None => page,
+        }
     }
 
     pub(crate) fn take_dup(&mut self, page: usize, dev: u8) -> Option<u32> {
@@ -133,6 +188,41 @@ impl Pages {
     pub(crate) fn dup_frame(&self, page: usize, dev: u8) -> Option<u32> {
         self.dups.get(page, dev)
     }
+
+    /// Bytes allocated for the block's pages.
+    fn bytes(&self) -> usize {
+        self.state.bytes() + self.frame.bytes() + self.host.bytes() + self.dups.bytes()
+    }
+}
+
+/// One block of a region: its pages under their own lock.
+#[pin_data]
+pub(crate) struct Block {
+    #[pin]
+    pub(crate) pages: Mutex<Pages>,
+}
+
+impl Block {
+    fn new(base: usize, len: usize) -> Result<Arc<Block>> {
+        // All-zero metadata is "never touched" (`PageState::EMPTY`, frame 0, no host page);
+        // failable, see meta.rs.
+        const _: () = assert!(PageState::EMPTY.bits() == 0);
+        let pages = Pages { base, state: Meta::zeroed(len)?, frame: Meta::zeroed(len)?, host: Meta::zeroed(len)?, dups: Dups::new() };
+        Arc::pin_init(
+            try_pin_init!(Block {
+                pages <- new_mutex!(pages, "gmem_block_pages"),
+            }),
+            GFP_KERNEL_ACCOUNT,
+        )
+    }
+}
+
+/// A directory leaf: the blocks of 128 MiB of the region, `None` until touched.
+type Leaf = KVVec<Option<Arc<Block>>>;
+
+/// The region's blocks: a two-level directory, filled on first touch.
+struct Dir {
+    slots: KVVec<Option<Leaf>>,
 }
 
 #[pin_data]
@@ -140,33 +230,46 @@ pub(crate) struct Region {
     pub(crate) start: usize,
     pub(crate) npages: usize,
     pub(crate) space: Arc<Space>,
+    /// Set once the region is torn down: every later fault gets SIGBUS / EFAULT. Checked
+    /// under a block lock; teardown sets it before it empties the blocks one by one.
+    dead: AtomicBool,
+    /// Page offset of `start` within its 2 MiB virtual block (blocks are VA-aligned).
+    skew: usize,
+    /// Advice per page range (a leaf lock).
     #[pin]
-    pub(crate) pages: Mutex<Pages>,
+    pub(crate) advice: Mutex<AdviceMap<ADVICE_RUNS>>,
+    /// The blocks (a leaf lock, held only to find or create one).
+    #[pin]
+    dir: Mutex<Dir>,
 }
 
 impl Region {
     /// A region of `npages` never-touched pages at `start`, with `initial_advice` (advice
-    /// bits, e.g. ALLOC's preferred device) over all of it.
+    /// bits, e.g. ALLOC's preferred device) over all of it. Only the block directory is
+    /// allocated (24 bytes per 128 MiB).
     pub(crate) fn new(space: Arc<Space>, start: usize, npages: usize, initial_advice: u32) -> Result<Arc<Region>> {
-        // All-zero metadata is "never touched" (`PageState::EMPTY`, frame 0, no host page):
-        // untouched blocks need no allocation (meta.rs).
-        const _: () = assert!(PageState::EMPTY.bits() == 0);
-        let meta = PageMeta::new(npages)?;
         let mut advice = AdviceMap::new();
         if initial_advice != 0 {
             advice
                 .set(PageRange { first: 0, count: npages as u64 }, initial_advice)
                 .map_err(|_| EINVAL)?;
         }
+        let skew = (start / PAGE_SIZE) % BLOCK_PAGES;
+        let blocks = npages.checked_add(skew).ok_or(EINVAL)?.div_ceil(BLOCK_PAGES);
+        let leaves = blocks.div_ceil(LEAF_BLOCKS);
+        let mut slots = KVVec::with_capacity(leaves, GFP_KERNEL_ACCOUNT)?;
+        for _ in 0..leaves {
+            slots.push(None, GFP_KERNEL_ACCOUNT)?;
+        }
         Arc::pin_init(
             try_pin_init!(Region {
                 start,
                 npages,
                 space,
-                pages <- new_mutex!(
-                    Pages { dead: false, meta, dups: Dups::new(), advice },
-                    "gmem_region_pages"
-                ),
+                dead: AtomicBool::new(false),
+                skew,
+                advice <- new_mutex!(advice, "gmem_region_advice"),
+                dir <- new_mutex!(Dir { slots }, "gmem_region_dir"),
             }),
             GFP_KERNEL,
         )
@@ -188,10 +291,118 @@ impl Region {
         (addr >= self.start && addr < self.end()).then(|| (addr - self.start) / PAGE_SIZE)
     }
 
-    /// Bytes of per-page metadata this region uses (P5 of the benchmarks).
+    pub(crate) fn is_dead(&self) -> bool {
+        self.dead.load(Ordering::Acquire)
+    }
+
+    /// Marks the region torn down (before its blocks are emptied); returns whether it was
+    /// already.
+    pub(crate) fn mark_dead(&self) -> bool {
+        self.dead.swap(true, Ordering::AcqRel)
+    }
+
+    /// The block number of page `i`.
+    fn block_no(&self, i: usize) -> usize {
+        (i + self.skew) / BLOCK_PAGES
+    }
+
+    /// The region pages of block `b`.
+    fn block_range(&self, b: usize) -> core::ops::Range<usize> {
+        let first = (b * BLOCK_PAGES).saturating_sub(self.skew);
+        let end = core::cmp::min(self.npages, ((b + 1) * BLOCK_PAGES).saturating_sub(self.skew));
+        first..end
+    }
+
+    /// The pages of the block of page `i` (whether or not the block exists yet).
+    pub(crate) fn block_pages(&self, i: usize) -> core::ops::Range<usize> {
+        self.block_range(self.block_no(i))
+    }
+
+    /// The block of page `i`, if it was ever touched.
+    pub(crate) fn block_if_any(&self, i: usize) -> Option<Arc<Block>> {
+        if i >= self.npages {
+            return None;
+        }
+        let b = self.block_no(i);
+        let d = self.dir.lock();
+        d.slots.get(b / LEAF_BLOCKS)?.as_ref()?.get(b % LEAF_BLOCKS)?.clone()
+    }
+
+    /// The block of page `i`, created on first use (`ENOMEM` if it cannot be; `EFAULT`
+    /// past the end).
+    pub(crate) fn block(&self, i: usize) -> Result<Arc<Block>> {
+        if i >= self.npages {
+            return Err(EFAULT);
+        }
+        if let Some(b) = self.block_if_any(i) {
+            return Ok(b);
+        }
+        let b = self.block_no(i);
+        let r = self.block_range(b);
+        // Allocated without the directory lock; a racing creator may win, then ours goes.
+        let new = Block::new(r.start, r.len())?;
+        let blocks = (self.npages + self.skew).div_ceil(BLOCK_PAGES);
+        let mut d = self.dir.lock();
+        let slot = d.slots.get_mut(b / LEAF_BLOCKS).ok_or(EFAULT)?;
+        if slot.is_none() {
+            let n = core::cmp::min(LEAF_BLOCKS, blocks - b / LEAF_BLOCKS * LEAF_BLOCKS);
+            let mut leaf = KVVec::with_capacity(n, GFP_KERNEL_ACCOUNT)?;
+            for _ in 0..n {
+                leaf.push(None, GFP_KERNEL_ACCOUNT)?;
+            }
+            *slot = Some(leaf);
+        }
+        let entry = slot.as_mut().and_then(|l| l.get_mut(b % LEAF_BLOCKS)).ok_or(EFAULT)?;
+        Ok(entry.get_or_insert(new).clone())
+    }
+
+    /// The first page at or after `i` whose block exists (pages of untouched blocks are
+    /// empty: walks over a region skip them with this).
+    pub(crate) fn touched_from(&self, i: usize) -> Option<usize> {
+        if i >= self.npages {
+            return None;
+        }
+        let mut b = self.block_no(i);
+        let blocks = (self.npages + self.skew).div_ceil(BLOCK_PAGES);
+        let d = self.dir.lock();
+        while b < blocks {
+            let (l, k) = (b / LEAF_BLOCKS, b % LEAF_BLOCKS);
+            match d.slots.get(l)? {
+                None => b = (l + 1) * LEAF_BLOCKS,
+                Some(leaf) if leaf.get(k)?.is_some() => return Some(core::cmp::max(i, self.block_range(b).start)),
+                Some(_) => b += 1,
+            }
+        }
+        None
+    }
+
+    /// The existing blocks from page `i` on, one at a time: the next one after `from`.
+    pub(crate) fn next_block(&self, from: usize) -> Option<Arc<Block>> {
+        let i = self.touched_from(from)?;
+        self.block_if_any(i)
+    }
+
+    /// Bytes of per-page metadata this region uses (P5 of the benchmarks): the directory,
+    /// its leaves and every block.
     pub(crate) fn metadata_bytes(&self) -> usize {
-        let p = self.pages.lock();
-        p.meta.bytes() + p.dups.bytes()
+        let mut blocks: KVec<Arc<Block>> = KVec::new();
+        let mut n = 0;
+        {
+            let d = self.dir.lock();
+            n += d.slots.len() * core::mem::size_of::<Option<Leaf>>();
+            for leaf in d.slots.iter().flatten() {
+                n += leaf.len() * core::mem::size_of::<Option<Arc<Block>>>();
+                for b in leaf.iter().flatten() {
+                    if blocks.push(b.clone(), GFP_KERNEL).is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+        for b in blocks.iter() {
+            n += core::mem::size_of::<Block>() + b.pages.lock().bytes();
+        }
+        n
     }
 }
 
@@ -273,27 +484,44 @@ mod tests {
     /// directory leaf) each; walks skip untouched blocks.
     #[test]
     fn lazy_metadata_of_a_terabyte() {
-        use crate::meta::{PageMeta, BLOCK_PAGES};
+        let s = test_space();
         let npages = 1usize << 28; // 1 TiB of 4 KiB pages
-        let mut m = PageMeta::new(npages).expect("directory");
-        let untouched = m.bytes();
+        // Not 2 MiB-aligned: the first and last blocks are partial.
+        let start = 0x100_0000_0000 + 3 * PAGE_SIZE;
+        let r = Region::new(s.clone(), start, npages, 0).expect("region");
+        let untouched = r.metadata_bytes();
         assert!(untouched <= 1 << 20);
-        assert_eq!(m.state(npages - 1), 0);
-        assert!(m.host(12345).is_none());
-        assert_eq!(m.touched_from(0), None);
-        let far = npages - 3;
-        m.ensure(far).expect("block");
-        m.set_state(far, 7);
-        m.set_frame(far, 99);
-        assert_eq!((m.state(far), m.frame(far)), (7, 99));
-        assert_eq!(m.state(far - 1), 0);
-        // One block (16 bytes per page) and one leaf of 512 block slots.
-        let touched = m.bytes() - untouched;
-        assert!(touched >= BLOCK_PAGES * 16 && touched <= BLOCK_PAGES * 16 + 64 * 8 + 128);
-        assert_eq!(m.touched_from(0), Some(far / BLOCK_PAGES * BLOCK_PAGES));
-        assert_eq!(m.touched_from(far), Some(far));
-        assert_eq!(m.touched_from(npages), None);
-        assert!(m.ensure(npages).is_err());
+        assert!(r.block_if_any(npages - 1).is_none());
+        assert_eq!(r.touched_from(0), None);
+        // Block 0 holds pages 0..509 (the region starts 3 pages into its 2 MiB block).
+        assert_eq!(r.block_pages(0), 0..BLOCK_PAGES - 3);
+        assert_eq!(r.block_pages(BLOCK_PAGES - 3), BLOCK_PAGES - 3..2 * BLOCK_PAGES - 3);
+        assert_eq!(r.block_pages(npages - 1), npages - 3..npages);
+        let far = npages - 2;
+        {
+            let b = r.block(far).expect("block");
+            let mut p = b.pages.lock();
+            assert_eq!(p.range(), npages - 3..npages);
+            p.set_state(far, 7);
+            p.set_frame(far, 99);
+            assert_eq!((p.state(far).bits(), p.frame(far)), (7, 99));
+            assert_eq!(p.state(far - 1).bits(), 0);
+            // Outside the block: reads empty, writes nothing.
+            p.set_state(far - 5, 9);
+            assert_eq!(p.state(far - 5).bits(), 0);
+        }
+        // One block of 3 pages (16 bytes each, plus its header) and one leaf of 64 slots.
+        let touched = r.metadata_bytes() - untouched;
+        assert!(touched >= 3 * 16 && touched <= 3 * 16 + 64 * 8 + 256);
+        assert_eq!(r.touched_from(0), Some(npages - 3));
+        assert_eq!(r.touched_from(far), Some(far));
+        assert_eq!(r.touched_from(npages), None);
+        assert!(r.block(npages).is_err());
+        // The same block again.
+        let b1 = r.block(far).expect("block");
+        let b2 = r.block(npages - 3).expect("block");
+        assert!(core::ptr::eq(&*b1, &*b2));
+        crate::space::release(&s);
     }
 
     #[test]
@@ -301,16 +529,16 @@ mod tests {
         let s = test_space();
         let r = Region::new(s.clone(), 0x40_0000, 64, (3 + 1) << adv::PREF_SHIFT).expect("region");
         {
-            let mut p = r.pages.lock();
-            p.advice.set(PageRange { first: 10, count: 5 }, adv::READ_MOSTLY).expect("set");
-            p.advice.clear(PageRange { first: 12, count: 1 }, adv::READ_MOSTLY).expect("clear");
-            assert_eq!(p.advice.get(9) & adv::READ_MOSTLY, 0);
-            assert_ne!(p.advice.get(10) & adv::READ_MOSTLY, 0);
-            assert_eq!(p.advice.get(12) & adv::READ_MOSTLY, 0);
-            assert_ne!(p.advice.get(14) & adv::READ_MOSTLY, 0);
-            assert_eq!(p.advice.get(15) & adv::READ_MOSTLY, 0);
-            assert_eq!(adv::preferred(p.advice.get(63)), Some(crate::policy::page_state::Target::Device(3)));
-            assert_eq!(p.advice.runs(), 5);
+            let mut a = r.advice.lock();
+            a.set(PageRange { first: 10, count: 5 }, adv::READ_MOSTLY).expect("set");
+            a.clear(PageRange { first: 12, count: 1 }, adv::READ_MOSTLY).expect("clear");
+            assert_eq!(a.get(9) & adv::READ_MOSTLY, 0);
+            assert_ne!(a.get(10) & adv::READ_MOSTLY, 0);
+            assert_eq!(a.get(12) & adv::READ_MOSTLY, 0);
+            assert_ne!(a.get(14) & adv::READ_MOSTLY, 0);
+            assert_eq!(a.get(15) & adv::READ_MOSTLY, 0);
+            assert_eq!(adv::preferred(a.get(63)), Some(crate::policy::page_state::Target::Device(3)));
+            assert_eq!(a.runs(), 5);
         }
         assert_eq!(r.index(0x40_0000 + 5 * PAGE_SIZE + 7), Some(5));
         assert_eq!(r.index(0x40_0000 + 64 * PAGE_SIZE), None);
@@ -319,11 +547,11 @@ mod tests {
         assert!(untouched <= 64);
         // Touched: 16 bytes per page (state + frame + host page) plus the block's header
         // and its directory leaf.
-        r.pages.lock().meta.ensure(5).expect("ensure");
+        drop(r.block(5).expect("block"));
         let touched = r.metadata_bytes();
-        assert!(touched >= untouched + 64 * 16 && touched <= untouched + 64 * 16 + 128);
-        assert_eq!(r.pages.lock().meta.touched_from(0), Some(0));
-        assert_eq!(r.pages.lock().meta.touched_from(63), Some(63));
+        assert!(touched >= untouched + 64 * 16 && touched <= untouched + 64 * 16 + 256);
+        assert_eq!(r.touched_from(0), Some(0));
+        assert_eq!(r.touched_from(63), Some(63));
         crate::space::release(&s);
     }
 }

@@ -86,7 +86,7 @@ const EVACUATION_BACKOFF_MS: [u32; 4] = [10, 50, 200, 1000];
 /// One pass over every region of every space; returns the pages still involving `dev`.
 /// With `lose`, a page whose data cannot be saved becomes lost instead of staying behind.
 /// Regions created after the space list was taken cannot hold anything of `dev` (it is
-/// dead, and `migrate::apply` checks that under the region lock); a region that leaves its
+/// dead, and `migrate::apply` checks that under the block lock); a region that leaves its
 /// space's tree during the pass was torn down completely before it left (`teardown`).
 fn evacuation_pass(dev: &Device, lose: bool) -> Result<u64> {
     let spaces = space::all()?;

@@ -5,7 +5,7 @@
 //! attached to one space at once.
 //!
 //! Lock order: `SPACES` and the maple tree's internal lock are leaves; `Space::ctxs` and
-//! `Space::thrash` are taken under a region's page lock (see Documentation/design.rst).
+//! `Space::thrash` are taken under a block lock (see Documentation/design.rst).
 
 use crate::abi::GmemSpaceHandle;
 use crate::device::{Ctx, Device};

@@ -350,6 +350,18 @@ def markdown(d):
             ["CPU memcpy only, two processes", st(p6.get("cpu_copy_two_mbs")), f(p6.get("ratio_cpu_copy"))],
         ]))
         L.append("")
+    p7 = d.get("p7")
+    L.append("## Two threads, one region (P7)")
+    L.append("")
+    if p7:
+        L.append(f"{p7.get('kernel')}; {f(p7['bytes_per_half'] / 2**20)} MiB per half. One thread takes "
+                 f"{st(p7.get('one_thread_s'), 3, 1e3)} ms for both halves.")
+        L.append("")
+        L.append(table(["", "speed-up over one thread"], [
+            ["two threads, same device", st(p7.get("ratio_same_device_spread"))],
+            ["two threads, one device each", st(p7.get("ratio_two_devices_spread"))],
+        ]))
+        L.append("")
     errs = d.get("errors") or []
     L.append("## Errors")
     L.append("")

@@ -931,6 +931,65 @@ impl Bench {
     }
 }
 
+impl Bench {
+    /// P7: one region of `2 * half` bytes (CPU-written, so every page faults from the
+    /// host), device CHECKSUM over both halves: by one thread, one half after the other,
+    /// vs two threads of this process, one half each, at once (both on device 0, or one on
+    /// each device). Faults on different 2 MiB blocks of one region run in parallel only
+    /// with per-block locks. Wall times; each repetition's ratio taken within it.
+    pub fn p7(&mut self, half: usize) -> R<Json> {
+        let two_devs = self.s1.is_some();
+        let mut c = Cell::default();
+        for rep in 0..self.runs() {
+            progress("P7", rep + 1, self.runs(), "1 vs 2 threads faulting one region: dev0, dev0+dev1");
+            let one = self.p7_run(half, &[0, 0], false, rep as u32)?;
+            let same = self.p7_run(half, &[0, 0], true, rep as u32)?;
+            let split = if two_devs { Some(self.p7_run(half, &[0, 1], true, rep as u32)?) } else { None };
+            if rep >= self.warm {
+                c.push("one_s", one);
+                c.push("ratio_same", one / same);
+                if let Some(t) = split {
+                    c.push("ratio_split", one / t);
+                }
+            }
+        }
+        Ok(Json::obj()
+            .with("bytes_per_half", half)
+            .with("kernel", "region CPU-written (untimed), then device CHECKSUM of each half (H2D faults)")
+            .with("one_thread_s", c.stat("one_s"))
+            .with("ratio_same_device", c.median("ratio_same"))
+            .with("ratio_same_device_spread", c.stat("ratio_same"))
+            .with("ratio_two_devices", c.median("ratio_split"))
+            .with("ratio_two_devices_spread", c.stat("ratio_split")))
+    }
+
+    /// One P7 measurement: halves on devices `devs[0]`, `devs[1]`; `parallel`: two threads.
+    fn p7_run(&self, half: usize, devs: &[usize; 2], parallel: bool, seed: u32) -> R<f64> {
+        let r = t!(self.g.alloc(2 * half as u64));
+        cpu_write(words(&r), seed);
+        let base = r.addr;
+        let sims = [t!(Sim::open(devs[0]).map_err(libgmem::Errno::from)), t!(Sim::open(devs[1]).map_err(libgmem::Errno::from))];
+        let half_sum = |k: usize| -> R<()> {
+            t!(sims[k].checksum(base + (k * half) as u64, half as u64));
+            Ok(())
+        };
+        let t0 = now();
+        if parallel {
+            let res: Vec<R<()>> = std::thread::scope(|sc| {
+                let hs: Vec<_> = (0..2).map(|k| sc.spawn(move || half_sum(k))).collect();
+                hs.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("P7 thread panicked".into()))).collect()
+            });
+            for x in res {
+                x?;
+            }
+        } else {
+            half_sum(0)?;
+            half_sum(1)?;
+        }
+        Ok(now() - t0)
+    }
+}
+
 fn bw_stat(bytes: usize, times: &[f64]) -> Json {
     stat_json(&times.iter().map(|t| bytes as f64 / t / 1e6).collect::<Vec<_>>())
 }

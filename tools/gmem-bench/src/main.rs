@@ -188,6 +188,7 @@ fn run(b: &mut Bench, args: &Args, out: &mut Json, errors: &mut Vec<Json>) -> i3
         ("P4", "p4", Box::new(move |b: &mut Bench| b.p4(&configs, &touch_factors, touch_count, p4_reps))),
         ("P5", "p5", Box::new(move |b: &mut Bench| b.p5(if smoke { 64 << 20 } else { 1 << 40 }))),
         ("P6", "p6", Box::new(move |b: &mut Bench| b.p6(if smoke { 64 * 4096 } else { (cap / 4) as usize }))),
+        ("P7", "p7", Box::new(move |b: &mut Bench| b.p7(if smoke { 64 * 4096 } else { (cap / 4) as usize }))),
     ];
     let mut failed = false;
     for (id, key, f) in jobs {
@@ -283,6 +284,8 @@ fn targets(out: &Json) -> Json {
         target("P4", "2x stream, preevict/prefetch off", "streaming slowdown at 2x oversubscription (preevict=0 prefetch=0)", p4_slowdown("preevict0_prefetch0", "stream"), "<=", 1.5, None),
         target("P4", "2x stream in 1 MiB launches, default", "same, kernels as 1 MiB launches (preevict=1 prefetch=1)", p4_slowdown("preevict1_prefetch1", "stream_chunked"), "<=", 1.5, None),
         target("P4", "2x stream in 1 MiB launches, off", "same, kernels as 1 MiB launches (preevict=0 prefetch=0)", p4_slowdown("preevict0_prefetch0", "stream_chunked"), "<=", 1.5, None),
+        target("P7", "2 threads, one region, one device", "two threads faulting disjoint halves of one region on one device / one thread doing both", num(out, &["p7", "ratio_same_device"]), ">=", 1.7, None),
+        target("P7", "2 threads, one region, two devices", "the same, one device per thread", num(out, &["p7", "ratio_two_devices"]), ">=", 1.7, None),
         target("Streaming", "copy calls per page, device faults", "driver copy calls per migrated page, P1 device-fault streaming (default)", num(out, &["p1", "on_demand_prefetch1", "copy_calls_per_page"]), "<=", 1.0 / 64.0, None),
         target("Streaming", "TLB flushes per page, device faults", "device TLB flushes per migrated page, P1 device-fault streaming (default)", num(out, &["p1", "on_demand_prefetch1", "tlb_flushes_per_page"]), "<=", 1.0 / 64.0, None),
         target("P5", "metadata per untouched page", "metadata bytes per page of an untouched region (1 TiB)", num(out, &["p5", "bytes_per_untouched_page"]), "<=", 1.0, None),
