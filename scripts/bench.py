@@ -121,6 +121,13 @@ def f(x, digits=3):
     return f"{x:.{dec}f}"
 
 
+def section(L, d, key, title):
+    """Starts a results section; returns the benchmark's results (None if it did not run)."""
+    L.append(f"## {title}")
+    L.append("")
+    return d.get(key)
+
+
 def st(s, digits=3, scale=1.0):
     """`median (min–max)` of a stat object."""
     if not isinstance(s, dict) or s.get("median") is None:
@@ -255,9 +262,7 @@ def markdown(d):
                        [[r["batch_pages"], st(r.get("migrate_ns_per_page")), st(r.get("migrate_ns_per_batch"))] for r in prof]))
         L.append("")
     # P3.
-    p3 = d.get("p3")
-    L.append("## Per-page migrate-to-device + fault-back cost (P3)")
-    L.append("")
+    p3 = section(L, d, "p3", "Per-page migrate-to-device + fault-back cost (P3)")
     if p3:
         hm = p3.get("hmm")
         rows = []
@@ -287,9 +292,7 @@ def markdown(d):
             L.append(f"HMM not measured: {p3.get('hmm_error')}")
         L.append("")
     # P4.
-    p4 = d.get("p4")
-    L.append("## Oversubscription (P4)")
-    L.append("")
+    p4 = section(L, d, "p4", "Oversubscription (P4)")
     if p4:
         L.append(f"Device capacity {f(p4['capacity_bytes'] / 2**20)} MiB; a peer device of the same size is "
                  f"the victim tier (`peer=1`). Streaming: {p4.get('stream_kernel')}. Random: {p4.get('touch_kernel')}.")
@@ -326,9 +329,7 @@ def markdown(d):
                  f"deltas, including the peer's write-backs, are in results.json.")
         L.append("")
     # P5.
-    p5 = d.get("p5")
-    L.append("## Metadata (P5)")
-    L.append("")
+    p5 = section(L, d, "p5", "Metadata (P5)")
     if p5:
         L.append(f"A {f(p5['region_bytes'] / 2**20)} MiB region ({p5['pages']} pages), untouched: "
                  f"{p5['metadata_bytes_untouched']} bytes of metadata = **{f(p5['bytes_per_untouched_page'])} bytes per "
@@ -336,9 +337,7 @@ def markdown(d):
                  f"bytes = **{f(p5['bytes_per_touched_page'])} bytes per touched page** ({p5.get('source')}).")
         L.append("")
     # P6.
-    p6 = d.get("p6")
-    L.append("## Two processes (P6)")
-    L.append("")
+    p6 = section(L, d, "p6", "Two processes (P6)")
     if p6:
         L.append(f"{p6.get('kernel')}; {f(p6['bytes_per_process'] / 2**20)} MiB per process.")
         L.append("")
@@ -350,9 +349,7 @@ def markdown(d):
             ["CPU memcpy only, two processes", st(p6.get("cpu_copy_two_mbs")), f(p6.get("ratio_cpu_copy"))],
         ]))
         L.append("")
-    p7 = d.get("p7")
-    L.append("## Two threads, one region (P7)")
-    L.append("")
+    p7 = section(L, d, "p7", "Two threads, one region (P7)")
     if p7:
         L.append(f"{p7.get('kernel')}; {f(p7['bytes_per_half'] / 2**20)} MiB per half. One thread takes "
                  f"{st(p7.get('one_thread_s'), 3, 1e3)} ms for both halves.")
