@@ -232,6 +232,18 @@ impl DevStats {
     }
 }
 
+/// One frame update of a batch's commit ([`Device::commit_frames`]).
+pub(crate) enum FrameOp {
+    /// Return the frame to the pool.
+    Free(u32),
+    /// Record `who` (taken) as the frame's holder; flags become `(old & keep) | set`;
+    /// `settle`: count the frame if it was still marked prefetched.
+    Own { frame: u32, who: Option<Owner>, set: u8, keep: u8, settle: bool },
+    /// Done: the holder it replaced, held only to be dropped without the pool lock.
+    #[allow(dead_code)]
+    Dropped(Option<Owner>),
+}
+
 /// Who holds a frame: a page of a region (as owner or read-only duplicate).
 #[derive(Clone)]
 pub(crate) struct Owner {
@@ -487,6 +499,48 @@ impl Device {
         // Dropped outside the lock: the last reference to a region may go here.
         drop(old);
         fl
+    }
+
+    /// A batch's frame bookkeeping under one acquisition of the pool lock, in order: a
+    /// `Free` returns its frame to the pool, an `Own` records the frame's holder and flags
+    /// (as [`Device::set_owner`]). The owners these replace are left in the ops (as
+    /// `Dropped`), so that the caller drops them after the lock. Returns how many `Own`s
+    /// with `settle` found their frame still marked prefetched (a prefetch that was used).
+    pub(crate) fn commit_frames<'a>(&self, ops: impl Iterator<Item = &'a mut FrameOp>) -> u64 {
+        let mut settled = 0;
+        let mut pool = self.frames.lock();
+        let FramePool { bits, cursor, used, flags, owner, .. } = &mut *pool;
+        for op in ops {
+            let old = match op {
+                FrameOp::Free(frame) => {
+                    let f = *frame as usize;
+                    let ok = FrameMap::new(bits, cursor, used, self.nr_frames).map(|mut m| m.free(f as u64).is_ok());
+                    if ok != Some(true) {
+                        pr_err!("device {}: bad frame free {}\n", self.id, f);
+                        continue;
+                    }
+                    if let Some(fl) = flags.get_mut(f) {
+                        *fl = 0;
+                    }
+                    owner.get_mut(f).and_then(Option::take)
+                }
+                FrameOp::Own { frame, who, set, keep, settle } => {
+                    let f = *frame as usize;
+                    let Some(fl) = flags.get_mut(f) else { continue };
+                    if *settle && *fl & F_PREFETCHED != 0 {
+                        settled += 1;
+                    }
+                    *fl = (*fl & *keep) | *set | F_USED;
+                    match (owner.get_mut(f), who.take()) {
+                        (Some(slot), Some(w)) => slot.replace(w),
+                        _ => None,
+                    }
+                }
+                FrameOp::Dropped(_) => continue,
+            };
+            *op = FrameOp::Dropped(old);
+        }
+        settled
     }
 
     /// Records who holds `frame` and its replacement flags (`keep` bits of the old flags

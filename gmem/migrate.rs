@@ -10,7 +10,7 @@
 
 use crate::abi::{GmemCopy, GmemPte, GMEM_COPY_D2D, GMEM_COPY_D2H, GMEM_COPY_H2D, GMEM_COPY_ZERO};
 use crate::abi::{GMEM_PROT_READ, GMEM_PROT_WRITE};
-use crate::device::{self as devmod, DevStats, Device, DeviceOps, Owner, F_PREFETCHED};
+use crate::device::{self as devmod, DevStats, Device, DeviceOps, FrameOp, Owner, F_PREFETCHED};
 use crate::policy::evict::{F_CLEAN, F_LENT, F_PINNED, F_REF};
 use crate::policy::page_state::{Actions, Copy, Loc, PageState, Refused, MAX_DEVICES};
 use crate::space::Space;
@@ -381,6 +381,15 @@ pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outco
         });
     }
 
+    // Room for step 5's frame updates, so that nothing after the copy can fail.
+    let mut ops: KVec<(u8, FrameOp)> = KVec::new();
+    if let Err(e) = ops.reserve(steps.iter().zip(fresh.iter()).map(|(st, f)| frame_ops(st, f)).sum(), GFP_KERNEL) {
+        for (st, f) in steps.iter().zip(fresh.iter()) {
+            undo(p, st.i, f, &mut devs);
+        }
+        return Outcome { done: 0, res: Err(e.into()) };
+    }
+
     // 4. Data.
     if let Err(e) = copy_batch(p, steps, fresh, &mut devs) {
         for (st, f) in steps.iter().zip(fresh.iter()) {
@@ -392,8 +401,18 @@ pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outco
     // 5. Release the old placement, commit.
     let mut kicked = 0u16;
     for (st, f) in steps.iter().zip(fresh.iter()) {
-        commit(env, p, st, f, &mut devs, &mut kicked);
+        commit(env, p, st, f, &mut ops, &mut kicked);
     }
+    // One pool lock per device for all of the batch's frees and owner updates.
+    let touched = ops.iter().fold(0u16, |m, (d, _)| m | (1 << d));
+    for d in devices_in(touched) {
+        if let Ok(dev) = devs.get(d) {
+            let used = dev.commit_frames(ops.iter_mut().filter(|(x, _)| *x == d).map(|(_, op)| op));
+            DevStats::add(&dev.stats.prefetch_used, used);
+        }
+    }
+    // The holders the updates replaced go here, without any pool lock.
+    drop(ops);
     for d in devices_in(kicked) {
         if let Ok(dev) = devs.get(d) {
             devmod::kick(dev);
@@ -411,51 +430,53 @@ pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outco
     Outcome { done: steps.len(), res }
 }
 
-/// Step 5 for one page: frees the old frame and duplicates, records the new frame, sets
-/// the owner frame's replacement flags, drops the host page, then commits the state.
-fn commit(env: &Env<'_>, p: &mut Pages, st: &Step, fresh: &Fresh, devs: &mut Devs, kicked: &mut u16) {
+/// Frame updates one step's commit makes: the old owner frame, its duplicates, and the
+/// new or current frame(s) it records.
+fn frame_ops(st: &Step, fresh: &Fresh) -> usize {
+    usize::from(st.a.free_frame.is_some())
+        + st.a.free_dup_frames.count_ones() as usize
+        + usize::from(fresh.frame.is_some())
+        + usize::from(matches!(st.next.loc(), Loc::Device(_)))
+}
+
+/// Step 5 for one page: queues the frees of the old frame and duplicates and the owner
+/// updates in `ops` (tagged by device, applied per device after the loop under one pool
+/// lock each), records the new frame, drops the host page, then commits the state.
+fn commit(env: &Env<'_>, p: &mut Pages, st: &Step, fresh: &Fresh, ops: &mut KVec<(u8, FrameOp)>, kicked: &mut u16) {
     let (i, next, a) = (st.i, st.next, &st.a);
-    let old_frame = p.frame(i);
+    // `ops` has room for every update of the batch (`frame_ops`), reserved before step 4.
+    let mut queue = |d: u8, op: FrameOp| {
+        let _ = ops.push_within_capacity((d, op));
+    };
     if let Some(o) = a.free_frame {
-        if let Ok(dev) = devs.get(o) {
-            dev.free_frame(old_frame);
-        }
+        queue(o, FrameOp::Free(p.frame(i)));
     }
     for d in devices_in(a.free_dup_frames) {
         if let Some(f) = p.take_dup(i, d) {
-            if let Ok(dev) = devs.get(d) {
-                dev.free_frame(f);
-            }
+            queue(d, FrameOp::Free(f));
         }
     }
-    let who = Owner { region: env.region.clone(), page: i as u32 };
+    let who = || Some(Owner { region: env.region.clone(), page: i as u32 });
     if let Some((d, f)) = fresh.frame {
         if next.loc() == Loc::Device(d) {
             p.set_frame(i, f);
         } else {
             // The tree node was reserved before step 1, so this cannot fail.
             let _ = p.dups.insert(i, d, f);
-            if let Ok(dev) = devs.get(d) {
-                dev.set_owner(f, who.clone(), F_CLEAN | F_REF, 0);
-            }
+            queue(d, FrameOp::Own { frame: f, who: who(), set: F_CLEAN | F_REF, keep: 0, settle: false });
         }
         *kicked |= 1 << d;
     }
-    // The owner frame's replacement flags follow the page's state.
+    // The owner frame's replacement flags follow the page's state. An access settles a
+    // pending prefetch of a frame that stays as used.
     if let Loc::Device(d) = next.loc() {
-        if let Ok(dev) = devs.get(d) {
-            let f = p.frame(i);
-            let old = dev.flags(f);
-            if env.access && old & F_PREFETCHED != 0 && a.free_frame != Some(d) {
-                settle_prefetch(dev, true);
-            }
-            let mut set = if next.pinned() { F_PINNED } else { 0 };
-            if next.host_valid() && !next.dirty() {
-                set |= F_CLEAN;
-            }
-            let keep = if env.access { 0 } else { F_LENT | F_REF | F_PREFETCHED };
-            dev.set_owner(f, who, set | if env.access { F_REF } else { 0 }, keep);
+        let mut set = if next.pinned() { F_PINNED } else { 0 };
+        if next.host_valid() && !next.dirty() {
+            set |= F_CLEAN;
         }
+        let keep = if env.access { 0 } else { F_LENT | F_REF | F_PREFETCHED };
+        let settle = env.access && a.free_frame != Some(d);
+        queue(d, FrameOp::Own { frame: p.frame(i), who: who(), set: set | if env.access { F_REF } else { 0 }, keep, settle });
     }
     if a.free_host {
         drop(p.set_host(i, None));
