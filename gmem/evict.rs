@@ -81,6 +81,25 @@ fn evict_step(dev: &Device, p: &crate::region::Pages, i: usize, peer: &Option<Ar
     Some(Step { i, prev: s, next, a })
 }
 
+/// Counts an evicted page by where it went; a page parked on `peer` is recorded there as
+/// lent (the lender reclaims parked frames first). Returns whether it was parked.
+fn note_evicted(dev: &Device, peer: &Option<Arc<Device>>, region: &Arc<Region>, p: &crate::region::Pages, st: &Step) -> bool {
+    let (c, parked) = match st.a.copy {
+        _ if st.prev.loc() != Loc::Device(dev.id as u8) => (&dev.stats.evicted_clean, false),
+        Copy::D2D { to, .. } => {
+            let lender = peer.as_ref().filter(|peer| peer.id as u8 == to);
+            if let Some(peer) = lender {
+                peer.set_owner(p.frame(st.i), Owner { region: region.clone(), page: st.i as u32 }, F_LENT, 0);
+            }
+            (&dev.stats.evicted_to_peer, lender.is_some())
+        }
+        Copy::None => (&dev.stats.evicted_clean, false),
+        _ => (&dev.stats.evicted_to_host, false),
+    };
+    DevStats::add(c, 1);
+    parked
+}
+
 /// Evicts the pages `idx` of `region` (held on `dev`) as one executor batch; returns
 /// pages freed on `dev`, or `ENOMEM` when host memory (or the memory cgroup) is exhausted:
 /// then nothing more can be evicted to the host and the caller stops.
@@ -97,56 +116,40 @@ fn evict_pages(dev: &Device, region: &Arc<Region>, p: &mut crate::region::Pages,
         }
     }
     let env = Env::background(region);
-    let mut freed = 0;
-    let mut from = 0;
-    while from < steps.len() {
+    let (mut freed, mut from, mut parked, mut host_full) = (0, 0, false, false);
+    // First as planned; if a step fails (the peer filled up meanwhile, say), it and the
+    // rest go to the host in a second batch.
+    for with_peer in [true, false] {
+        if !with_peer {
+            let mut none = 0;
+            for k in from..steps.len() {
+                if let Some(st) = evict_step(dev, p, steps[k].i, &None, &mut none) {
+                    steps[k] = st;
+                }
+            }
+        }
         let out = migrate::apply_batch(&env, p, &steps[from..]);
         for st in &steps[from..from + out.done] {
-            let c = match st.a.copy {
-                _ if st.prev.loc() != Loc::Device(dev.id as u8) => &dev.stats.evicted_clean,
-                Copy::D2D { to, .. } => {
-                    if let Some(peer) = peer.as_ref().filter(|peer| peer.id as u8 == to) {
-                        // Park it: the lender reclaims parked frames first, and makes its
-                        // host copy in the background so that it can drop it later.
-                        peer.set_owner(p.frame(st.i), Owner { region: region.clone(), page: st.i as u32 }, F_LENT, 0);
-                    }
-                    &dev.stats.evicted_to_peer
-                }
-                Copy::None => &dev.stats.evicted_clean,
-                _ => &dev.stats.evicted_to_host,
-            };
-            DevStats::add(c, 1);
+            parked |= note_evicted(dev, peer, region, p, st);
         }
         freed += out.done;
         from += out.done;
-        if let Some(peer) = peer.as_ref().filter(|_| steps[..from].iter().any(|st| matches!(st.a.copy, Copy::D2D { .. }))) {
-            crate::device::kick_always(peer);
-        }
         match out.res {
-            Ok(()) => break,
-            Err(e) if e == ENOMEM => return Err(ENOMEM),
-            Err(_) if from < steps.len() => {
-                // The step at `from` failed (the peer filled up meanwhile, say): it and
-                // the rest go to the host instead.
-                let mut none = 0;
-                for k in from..steps.len() {
-                    if let Some(st) = evict_step(dev, p, steps[k].i, &None, &mut none) {
-                        steps[k] = st;
-                    }
-                }
-                let retry = migrate::apply_batch(&env, p, &steps[from..]);
-                for st in &steps[from..from + retry.done] {
-                    let c = if st.a.copy == Copy::None { &dev.stats.evicted_clean } else { &dev.stats.evicted_to_host };
-                    DevStats::add(c, 1);
-                }
-                freed += retry.done;
-                if retry.res.is_err_and(|e| e == ENOMEM) {
-                    return Err(ENOMEM);
-                }
+            Err(e) if e == ENOMEM => {
+                host_full = true;
                 break;
             }
-            Err(_) => break,
+            Err(_) if with_peer && from < steps.len() => continue,
+            _ => break,
         }
+    }
+    if let (true, Some(peer)) = (parked, peer) {
+        // The lender makes host copies of parked pages in the background.
+        crate::device::kick_always(peer);
+    }
+    // Out of host memory: nothing more can be evicted to the host.
+    if host_full {
+        return Err(ENOMEM);
     }
     Ok(freed)
 }

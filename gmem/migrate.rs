@@ -193,8 +193,9 @@ fn runs(steps: &[Step], pick: impl Fn(&Step) -> bool, mut f: impl FnMut(usize, u
 
 /// The copy a step needs from the driver, as (direction, source device, destination
 /// device) and its `gmem_copy` entry; `None` for no copy or a host-side zero fill.
-fn copy_entry(p: &Pages, st: &Step, fresh: &Fresh, old_frame: u32) -> Result<Option<((u32, u8, u8), GmemCopy)>> {
+fn copy_entry(p: &Pages, st: &Step, fresh: &Fresh) -> Result<Option<((u32, u8, u8), GmemCopy)>> {
     let nf = fresh.frame.map(|(_, f)| u64::from(f)).unwrap_or(0);
+    let old_frame = p.frame(st.i);
     let null = core::ptr::null_mut();
     Ok(Some(match st.a.copy {
         Copy::None | Copy::ZeroHost => return Ok(None),
@@ -209,7 +210,7 @@ fn copy_entry(p: &Pages, st: &Step, fresh: &Fresh, old_frame: u32) -> Result<Opt
 /// every page of the batch that needs it; host-side zero fills in place. Allocates only
 /// for calls of more than one page.
 fn copy_batch(p: &Pages, steps: &[Step], fresh: &[Fresh], devs: &mut Devs) -> Result {
-    let entry = |k: usize| copy_entry(p, &steps[k], &fresh[k], p.frame(steps[k].i));
+    let entry = |k: usize| copy_entry(p, &steps[k], &fresh[k]);
     for (k, st) in steps.iter().enumerate() {
         if st.a.copy == Copy::ZeroHost && !fresh[k].host {
             // A fresh host page comes zeroed; an existing one is cleared here.
@@ -352,6 +353,15 @@ pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outco
     if steps.is_empty() {
         return Outcome { done: 0, res: stop };
     }
+    // Room for step 5's frame updates, so that nothing after the copy can fail; taken with
+    // the other allocations, so that failing here still changes nothing.
+    let mut ops: KVec<(u8, FrameOp)> = KVec::new();
+    if let Err(e) = ops.reserve(steps.iter().zip(fresh.iter()).map(|(st, f)| frame_ops(st, f)).sum(), GFP_KERNEL) {
+        for (st, f) in steps.iter().zip(fresh.iter()) {
+            undo(p, st.i, f, &mut devs);
+        }
+        return Outcome { done: 0, res: Err(e.into()) };
+    }
 
     // 2. Revoke CPU mappings (before the copy, see the module documentation).
     if let Some(vma) = env.vma {
@@ -379,15 +389,6 @@ pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outco
             ops.tlb_invalidate(ctx, va, n as u64);
             DevStats::add(&dev.stats.unmap_calls, 1);
         });
-    }
-
-    // Room for step 5's frame updates, so that nothing after the copy can fail.
-    let mut ops: KVec<(u8, FrameOp)> = KVec::new();
-    if let Err(e) = ops.reserve(steps.iter().zip(fresh.iter()).map(|(st, f)| frame_ops(st, f)).sum(), GFP_KERNEL) {
-        for (st, f) in steps.iter().zip(fresh.iter()) {
-            undo(p, st.i, f, &mut devs);
-        }
-        return Outcome { done: 0, res: Err(e.into()) };
     }
 
     // 4. Data.

@@ -8,7 +8,7 @@
 //! accessed bit then tells whether the prefetch was used or wasted (debugfs counters).
 //! Prefetch is speculative: it never evicts, it stops when the device is full.
 
-use crate::device::{DevStats, Device, Owner, F_PREFETCHED};
+use crate::device::{DevStats, Device, F_PREFETCHED};
 use crate::migrate::{self, Env, Step};
 use crate::policy::page_state::{transition, Actions, Event, Loc, Target};
 use crate::policy::prefetch::{density, BLOCK_PAGES};
@@ -62,7 +62,8 @@ pub(crate) fn on_fault(dev: &Arc<Device>, r: &Arc<Region>, vma: Option<&VmaRef>,
     let mut n = 0u64;
     for st in &steps[..out.done] {
         if st.next.loc() == Loc::Device(d) {
-            dev.set_owner(p.frame(st.i), Owner { region: r.clone(), page: st.i as u32 }, F_PREFETCHED, 0xff);
+            // The executor recorded the owner; only the prefetch mark is added.
+            dev.set_flags(p.frame(st.i), F_PREFETCHED);
             n += 1;
         }
     }

@@ -356,9 +356,9 @@ impl Region {
         Ok(entry.get_or_insert(new).clone())
     }
 
-    /// The first page at or after `i` whose block exists (pages of untouched blocks are
-    /// empty: walks over a region skip them with this).
-    pub(crate) fn touched_from(&self, i: usize) -> Option<usize> {
+    /// The first existing block that holds page `i` or a later page, and the first page
+    /// at or after `i` in it; one walk of the directory under its lock.
+    fn first_block_from(&self, i: usize) -> Option<(usize, Arc<Block>)> {
         if i >= self.npages {
             return None;
         }
@@ -369,17 +369,24 @@ impl Region {
             let (l, k) = (b / LEAF_BLOCKS, b % LEAF_BLOCKS);
             match d.slots.get(l)? {
                 None => b = (l + 1) * LEAF_BLOCKS,
-                Some(leaf) if leaf.get(k)?.is_some() => return Some(core::cmp::max(i, self.block_range(b).start)),
-                Some(_) => b += 1,
+                Some(leaf) => match leaf.get(k)? {
+                    Some(block) => return Some((core::cmp::max(i, self.block_range(b).start), block.clone())),
+                    None => b += 1,
+                },
             }
         }
         None
     }
 
+    /// The first page at or after `i` whose block exists (pages of untouched blocks are
+    /// empty: walks over a region skip them with this).
+    pub(crate) fn touched_from(&self, i: usize) -> Option<usize> {
+        self.first_block_from(i).map(|(j, _)| j)
+    }
+
     /// The existing blocks from page `i` on, one at a time: the next one after `from`.
     pub(crate) fn next_block(&self, from: usize) -> Option<Arc<Block>> {
-        let i = self.touched_from(from)?;
-        self.block_if_any(i)
+        self.first_block_from(from).map(|(_, b)| b)
     }
 
     /// Bytes of per-page metadata this region uses (P5 of the benchmarks): the directory,
