@@ -412,7 +412,10 @@ pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outco
             DevStats::add(&dev.stats.prefetch_used, used);
         }
     }
-    // The holders the updates replaced go here, without any pool lock.
+    // The holders the updates replaced go here, without any pool lock. They are all
+    // references to this region (the frames freed or re-owned belonged to its pages; fresh
+    // frames had no holder), which the caller keeps alive: none of them is the last one,
+    // so no region or space is torn down under the block lock.
     drop(ops);
     for d in devices_in(kicked) {
         if let Ok(dev) = devs.get(d) {
