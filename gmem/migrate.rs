@@ -608,9 +608,10 @@ pub(crate) fn evacuate(region: &Arc<Region>, dev: &Device, lose: bool) -> Evacua
         let mut p = block.pages.lock();
         let range = p.range();
         from = range.end;
-        if region.is_dead() {
-            break;
-        }
+        // A region being torn down is evacuated too: teardown marks it dead first and
+        // then empties its blocks one at a time, so blocks it has not reached yet still
+        // hold device pages. Each block is emptied by whichever of the two takes its lock
+        // first; the other finds nothing of the device there.
         for i in range {
             let s = p.state(i);
             let involved = s.loc() == Loc::Device(d) || (s.dup_mask() | s.remote_mask()) & (1 << d) != 0;
