@@ -36,6 +36,9 @@ use sim_kernels::{Launch, Runner};
 use sim_mem::Pool;
 use sim_pt::{encode, SimCtx, Target};
 
+/// Pages of one 2 MiB page-table entry.
+const HUGE_PAGES: u64 = 512;
+
 extern "C" {
     fn gmem_dev_register(ops: *const GmemDevOps, props: *const GmemDevProps) -> *mut GmemDevHandle;
     fn gmem_dev_unregister(dev: *mut GmemDevHandle);
@@ -61,6 +64,10 @@ module! {
             default: 64,
             description: "Device memory per device, MiB (1..4096)",
         },
+        map_2m: bool {
+            default: true,
+            description: "Map whole 2 MiB blocks with one page-table entry",
+        },
     },
 }
 
@@ -76,7 +83,10 @@ pub(crate) struct SimDev {
     handle: AtomicPtr<GmemDevHandle>,
     /// Minor of `/dev/gmem_simN`, to find the device at open.
     minor: AtomicI32,
+    /// Valid 4 KiB and 2 MiB entries over all contexts, and 2 MiB entries split so far.
     ptes: AtomicU64,
+    ptes_2m: AtomicU64,
+    splits_2m: AtomicU64,
     copies: AtomicU64,
     tlb_flushes: AtomicU64,
     faults: AtomicU64,
@@ -92,6 +102,14 @@ pub(crate) struct SimDev {
 impl SimDev {
     fn handle(&self) -> *mut GmemDevHandle {
         self.handle.load(Ordering::Acquire)
+    }
+
+    /// Moves the device-wide entry counters by one page table's change (4 KiB entries,
+    /// 2 MiB entries, splits: before and after).
+    fn count_ptes(&self, before: (u64, u64, u64), after: (u64, u64, u64)) {
+        self.ptes.fetch_add(after.0.wrapping_sub(before.0), Ordering::Relaxed);
+        self.ptes_2m.fetch_add(after.1.wrapping_sub(before.1), Ordering::Relaxed);
+        self.splits_2m.fetch_add(after.2.wrapping_sub(before.2), Ordering::Relaxed);
     }
 
     pub(crate) fn count_faults(&self, n: u64) {
@@ -144,42 +162,58 @@ unsafe extern "C" fn op_ctx_create(drv: *mut c_void, ctx: *mut *mut c_void) -> c
 unsafe extern "C" fn op_ctx_destroy(drv: *mut c_void, ctx: *mut c_void) {
     // SAFETY: `ctx` came from `op_ctx_create` and gmem destroys it once.
     let c = unsafe { KBox::from_raw(ctx.cast::<SimCtx>()) };
-    let valid = c.pt.lock().valid;
+    let (valid, huge) = {
+        let pt = c.pt.lock();
+        (pt.valid, pt.huge)
+    };
     // SAFETY: gmem passes our `drv`.
-    unsafe { sim(drv) }.ptes.fetch_sub(valid, Ordering::Relaxed);
+    let dev = unsafe { sim(drv) };
+    dev.ptes.fetch_sub(valid, Ordering::Relaxed);
+    dev.ptes_2m.fetch_sub(huge, Ordering::Relaxed);
 }
 
 unsafe extern "C" fn op_map(drv: *mut c_void, ctx: *mut c_void, ptes: *const GmemPte, n: u32) -> c_int {
     // SAFETY: gmem passes our `drv`, a live context and `n` valid entries.
     let (dev, c, ptes) = unsafe { (sim(drv), ctx_of(ctx), core::slice::from_raw_parts(ptes, n as usize)) };
     let mut pt = c.pt.lock();
-    let before = pt.valid;
+    let before = (pt.valid, pt.huge, pt.splits);
     let mut r = 0;
     for p in ptes {
+        let huge = p.flags & GMEM_PTE_2M != 0;
         let t = if p.host.is_null() {
-            if p.frame >= dev.pool.len() as u64 {
+            // A 2 MiB entry needs 512 aligned frames of the pool and an aligned address.
+            let last = if huge { p.frame.checked_add(HUGE_PAGES - 1) } else { Some(p.frame) };
+            let aligned = !huge || (p.frame % HUGE_PAGES == 0 && p.va % (HUGE_PAGES << 12) == 0);
+            if !aligned || last.is_none_or(|l| l >= dev.pool.len() as u64) {
                 r = EINVAL.to_errno();
                 break;
             }
             Target::Frame(p.frame)
+        } else if huge || p.flags != 0 {
+            r = EINVAL.to_errno();
+            break;
         } else {
             Target::Host(p.host)
         };
-        if let Err(e) = pt.set(p.va, encode(t, p.prot & GMEM_PROT_WRITE != 0)) {
+        let pte = encode(t, p.prot & GMEM_PROT_WRITE != 0);
+        let set = if huge { pt.set_huge(p.va, pte) } else { pt.set(p.va, pte) };
+        if let Err(e) = set {
             r = e.to_errno();
             break;
         }
     }
     // Entries set before a failure stay set: count them either way.
-    dev.ptes.fetch_add(pt.valid - before, Ordering::Relaxed);
+    dev.count_ptes(before, (pt.valid, pt.huge, pt.splits));
     r
 }
 
 unsafe extern "C" fn op_unmap(drv: *mut c_void, ctx: *mut c_void, va: u64, npages: u64) {
     // SAFETY: gmem passes our `drv` and a live context.
     let (dev, c) = unsafe { (sim(drv), ctx_of(ctx)) };
-    let n = c.pt.lock().clear(va, npages);
-    dev.ptes.fetch_sub(n, Ordering::Relaxed);
+    let mut pt = c.pt.lock();
+    let before = (pt.valid, pt.huge, pt.splits);
+    pt.clear(va, npages);
+    dev.count_ptes(before, (pt.valid, pt.huge, pt.splits));
 }
 
 unsafe extern "C" fn op_tlb(drv: *mut c_void, _ctx: *mut c_void, _va: u64, _npages: u64) {
@@ -283,7 +317,8 @@ struct InfoArg {
     ptes: u64,
     copies: u64,
     tlb_flushes: u64,
-    reserved: [u64; 2],
+    ptes_2m: u64,
+    splits_2m: u64,
 }
 // SAFETY: integers only, no padding.
 unsafe impl FromBytes for InfoArg {}
@@ -389,6 +424,8 @@ impl SimFile {
         i.ptes = self.dev.ptes.load(Ordering::Relaxed);
         i.copies = self.dev.copies.load(Ordering::Relaxed);
         i.tlb_flushes = self.dev.tlb_flushes.load(Ordering::Relaxed);
+        i.ptes_2m = self.dev.ptes_2m.load(Ordering::Relaxed);
+        i.splits_2m = self.dev.splits_2m.load(Ordering::Relaxed);
         w.write(&i)
     }
 }
@@ -430,6 +467,8 @@ impl SimModule {
                 handle: AtomicPtr::new(core::ptr::null_mut()),
                 minor: AtomicI32::new(-1),
                 ptes: AtomicU64::new(0),
+                ptes_2m: AtomicU64::new(0),
+                splits_2m: AtomicU64::new(0),
                 copies: AtomicU64::new(0),
                 tlb_flushes: AtomicU64::new(0),
                 faults: AtomicU64::new(0),
@@ -445,6 +484,8 @@ impl SimModule {
             name: NAMES[index].as_char_ptr(),
             nr_frames: frames as u64,
             drv: (&*dev as *const SimDev).cast_mut().cast(),
+            caps: if module_parameters::map_2m.value() { GMEM_DEV_CAP_MAP_2M } else { 0 },
+            reserved: 0,
         };
         self.devs.reserve(1, GFP_KERNEL)?;
         SIMS.lock().push(dev.clone(), GFP_KERNEL)?;

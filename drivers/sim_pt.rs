@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0
 //! The simulated device's page table: one per context (GMEM address space). Two levels:
-//! a sorted directory of 2 MiB blocks, each a 512-entry leaf of PTEs.
+//! a sorted directory of 2 MiB blocks, each a 512-entry leaf of PTEs or one 2 MiB entry
+//! (`GMEM_PTE_2M`; the leaf stays allocated under it, so splitting never allocates).
 //!
 //! PTE encoding: 0 = invalid; bit 0 valid, bit 1 writable, bit 2 remote host page, bit 3
 //! accessed (set by every device access, tested and cleared by gmem). A frame
@@ -45,39 +46,75 @@ pub(crate) fn encode(t: Target, writable: bool) -> u64 {
     base | PTE_VALID | if writable { PTE_WRITE } else { 0 }
 }
 
+/// One 2 MiB block of the page table: either 512 entries of 4 KiB, or one 2 MiB entry
+/// (`huge` valid, frame-aligned to 512). The 4 KiB table stays allocated under a 2 MiB
+/// entry (zeroed), so that splitting one never allocates: `unmap` cannot fail.
+struct Leaf {
+    ptes: KBox<[u64; LEAF]>,
+    /// 0, or the 2 MiB entry (encoded like a frame PTE of its first frame).
+    huge: u64,
+}
+
+impl Leaf {
+    /// The 4 KiB entry of page `k` of the block, whichever way it is mapped.
+    fn get(&self, k: usize) -> u64 {
+        if self.huge & PTE_VALID != 0 {
+            // Page k of a 2 MiB entry is frame `base + k`; flags are the entry's.
+            self.huge + ((k as u64) << 12)
+        } else {
+            self.ptes[k]
+        }
+    }
+}
+
 pub(crate) struct PageTable {
     /// (2 MiB block number, leaf), sorted by block.
-    dir: KVec<(u64, KBox<[u64; LEAF]>)>,
+    dir: KVec<(u64, Leaf)>,
+    /// Valid 4 KiB entries.
     pub(crate) valid: u64,
+    /// Valid 2 MiB entries.
+    pub(crate) huge: u64,
+    /// 2 MiB entries split into 4 KiB ones (a page of the block was unmapped or remapped).
+    pub(crate) splits: u64,
 }
 
 impl PageTable {
-    fn leaf(&self, block: u64) -> Option<&[u64; LEAF]> {
+    fn leaf(&self, block: u64) -> Option<&Leaf> {
         let i = self.dir.binary_search_by_key(&block, |e| e.0).ok()?;
         Some(&self.dir[i].1)
     }
 
     pub(crate) fn lookup(&self, va: u64) -> u64 {
-        self.leaf(va >> 21).map_or(0, |l| l[((va >> 12) as usize) % LEAF])
+        self.leaf(va >> 21).map_or(0, |l| l.get(((va >> 12) as usize) % LEAF))
     }
 
-    fn slot_mut(&mut self, va: u64) -> Option<&mut u64> {
+    fn leaf_mut(&mut self, va: u64) -> Option<&mut Leaf> {
         let i = self.dir.binary_search_by_key(&(va >> 21), |e| e.0).ok()?;
-        Some(&mut self.dir[i].1[((va >> 12) as usize) % LEAF])
+        Some(&mut self.dir[i].1)
+    }
+
+    /// The accessed bit's home for `va`: the 2 MiB entry, or the 4 KiB one.
+    fn acc_slot(&mut self, va: u64) -> Option<&mut u64> {
+        let l = self.leaf_mut(va)?;
+        if l.huge & PTE_VALID != 0 {
+            Some(&mut l.huge)
+        } else {
+            Some(&mut l.ptes[((va >> 12) as usize) % LEAF])
+        }
     }
 
     /// Marks a valid PTE accessed (the device just used it).
     pub(crate) fn touch(&mut self, va: u64) {
-        if let Some(s) = self.slot_mut(va) {
+        if let Some(s) = self.acc_slot(va) {
             if *s & PTE_VALID != 0 {
                 *s |= PTE_ACCESSED;
             }
         }
     }
 
-    /// Tests and clears the accessed bit.
+    /// Tests and clears the accessed bit (a 2 MiB entry has one for all its pages).
     pub(crate) fn test_clear_accessed(&mut self, va: u64) -> bool {
-        match self.slot_mut(va) {
+        match self.acc_slot(va) {
             Some(s) if *s & PTE_ACCESSED != 0 => {
                 *s &= !PTE_ACCESSED;
                 true
@@ -86,41 +123,103 @@ impl PageTable {
         }
     }
 
-    /// Sets one PTE, allocating its leaf if needed.
-    pub(crate) fn set(&mut self, va: u64, pte: u64) -> Result {
+    /// The leaf of `va`'s block, allocated (empty) if needed.
+    fn leaf_or_new(&mut self, va: u64) -> Result<&mut Leaf> {
         let block = va >> 21;
         let i = match self.dir.binary_search_by_key(&block, |e| e.0) {
             Ok(i) => i,
             Err(i) => {
-                let leaf = KBox::new([0u64; LEAF], GFP_KERNEL)?;
+                let ptes = KBox::new([0u64; LEAF], GFP_KERNEL)?;
                 self.dir.reserve(1, GFP_KERNEL)?;
-                self.dir.insert_within_capacity(i, (block, leaf)).map_err(|_| ENOMEM)?;
+                self.dir.insert_within_capacity(i, (block, Leaf { ptes, huge: 0 })).map_err(|_| ENOMEM)?;
                 i
             }
         };
-        let slot = &mut self.dir[i].1[((va >> 12) as usize) % LEAF];
-        if *slot & PTE_VALID == 0 && pte & PTE_VALID != 0 {
-            self.valid += 1;
+        Ok(&mut self.dir[i].1)
+    }
+
+    /// Turns a 2 MiB entry into its 512 4 KiB entries (same frames, flags, accessed bit).
+    fn split(l: &mut Leaf, valid: &mut u64, huge: &mut u64, splits: &mut u64) {
+        if l.huge & PTE_VALID == 0 {
+            return;
+        }
+        for k in 0..LEAF {
+            l.ptes[k] = l.huge + ((k as u64) << 12);
+        }
+        l.huge = 0;
+        *valid += LEAF as u64;
+        *huge -= 1;
+        *splits += 1;
+    }
+
+    /// Sets one 4 KiB PTE, allocating its leaf if needed (splitting a 2 MiB entry there).
+    pub(crate) fn set(&mut self, va: u64, pte: u64) -> Result {
+        let (mut valid, mut huge, mut splits) = (self.valid, self.huge, self.splits);
+        let l = self.leaf_or_new(va)?;
+        Self::split(l, &mut valid, &mut huge, &mut splits);
+        let slot = &mut l.ptes[((va >> 12) as usize) % LEAF];
+        match (*slot & PTE_VALID != 0, pte & PTE_VALID != 0) {
+            (false, true) => valid += 1,
+            (true, false) => valid -= 1,
+            _ => {}
         }
         *slot = pte;
+        (self.valid, self.huge, self.splits) = (valid, huge, splits);
         Ok(())
     }
 
-    /// Clears `npages` PTEs from `va`; returns how many were valid.
-    pub(crate) fn clear(&mut self, va: u64, npages: u64) -> u64 {
-        let mut n = 0;
-        for p in 0..npages {
-            let v = va + (p << 12);
-            if let Ok(i) = self.dir.binary_search_by_key(&(v >> 21), |e| e.0) {
-                let slot = &mut self.dir[i].1[((v >> 12) as usize) % LEAF];
-                if *slot & PTE_VALID != 0 {
-                    n += 1;
-                }
-                *slot = 0;
+    /// Maps the 2 MiB block at `va` (aligned) with one entry `pte` (a frame PTE of the first
+    /// of 512 aligned frames), replacing the block's 4 KiB entries.
+    pub(crate) fn set_huge(&mut self, va: u64, pte: u64) -> Result {
+        let (mut valid, mut huge) = (self.valid, self.huge);
+        let l = self.leaf_or_new(va)?;
+        for e in l.ptes.iter_mut() {
+            if *e & PTE_VALID != 0 {
+                valid -= 1;
             }
+            *e = 0;
         }
-        self.valid -= n;
-        n
+        if l.huge & PTE_VALID == 0 {
+            huge += 1;
+        }
+        l.huge = pte;
+        (self.valid, self.huge) = (valid, huge);
+        Ok(())
+    }
+
+    /// Clears `npages` PTEs from `va`, splitting a 2 MiB entry the range covers in part;
+    /// returns how many 4 KiB and how many 2 MiB entries were valid.
+    pub(crate) fn clear(&mut self, va: u64, npages: u64) -> (u64, u64) {
+        let (mut valid, mut huge, mut splits) = (self.valid, self.huge, self.splits);
+        let (mut n4k, mut n2m) = (0, 0);
+        let end = va.saturating_add(npages << 12);
+        let mut v = va;
+        while v < end {
+            // The part of the range in v's block.
+            let block_end = ((v >> 21) + 1) << 21;
+            let stop = core::cmp::min(end, block_end);
+            if let Ok(i) = self.dir.binary_search_by_key(&(v >> 21), |e| e.0) {
+                let l = &mut self.dir[i].1;
+                if l.huge & PTE_VALID != 0 && v & ((1 << 21) - 1) == 0 && stop == block_end {
+                    l.huge = 0;
+                    huge -= 1;
+                    n2m += 1;
+                } else {
+                    Self::split(l, &mut valid, &mut huge, &mut splits);
+                    let (a, b) = (((v >> 12) as usize) % LEAF, ((stop - v) >> 12) as usize);
+                    for e in &mut l.ptes[a..a + b] {
+                        if *e & PTE_VALID != 0 {
+                            n4k += 1;
+                            valid -= 1;
+                        }
+                        *e = 0;
+                    }
+                }
+            }
+            v = stop;
+        }
+        (self.valid, self.huge, self.splits) = (valid, huge, splits);
+        (n4k, n2m)
     }
 }
 
@@ -134,7 +233,7 @@ pub(crate) struct SimCtx {
 impl SimCtx {
     pub(crate) fn new() -> Result<Pin<KBox<SimCtx>>> {
         KBox::pin_init(
-            pin_init!(SimCtx { pt <- new_mutex!(PageTable { dir: KVec::new(), valid: 0 }, "gmem_sim_pt") }),
+            pin_init!(SimCtx { pt <- new_mutex!(PageTable { dir: KVec::new(), valid: 0, huge: 0, splits: 0 }, "gmem_sim_pt") }),
             GFP_KERNEL,
         )
     }
@@ -162,7 +261,7 @@ mod tests {
         assert_eq!(pt.valid, 3);
         assert_eq!(decode(pt.lookup(0x1000)), Some((Target::Frame(2), false)));
         assert_eq!(pt.lookup(0x2000), 0);
-        assert_eq!(pt.clear(0x1000, 0x40_0000 >> 12), 2);
+        assert_eq!(pt.clear(0x1000, 0x40_0000 >> 12), (2, 0));
         assert_eq!(pt.valid, 1);
         assert_eq!(decode(pt.lookup(0x40_1000)), Some((Target::Frame(3), true)));
         // Accessed bit: set by a touch, reported and cleared once, invisible to decode.
@@ -171,5 +270,40 @@ mod tests {
         assert_eq!(decode(pt.lookup(0x40_1000)), Some((Target::Frame(3), true)));
         assert!(pt.test_clear_accessed(0x40_1000));
         assert!(!pt.test_clear_accessed(0x40_1000));
+    }
+
+    #[test]
+    fn huge_entries_translate_split_and_clear() {
+        let ctx = SimCtx::new().expect("ctx");
+        let mut pt = ctx.pt.lock();
+        // Two 4 KiB entries in the block are replaced by the 2 MiB one.
+        pt.set(0x20_0000, encode(Target::Frame(9), true)).expect("set");
+        pt.set(0x60_0000, encode(Target::Frame(7), true)).expect("set");
+        pt.set_huge(0x20_0000, encode(Target::Frame(1024), false)).expect("huge");
+        assert_eq!((pt.valid, pt.huge), (1, 1));
+        assert_eq!(decode(pt.lookup(0x20_0000)), Some((Target::Frame(1024), false)));
+        assert_eq!(decode(pt.lookup(0x3f_f000)), Some((Target::Frame(1535), false)));
+        // One accessed bit for the block.
+        pt.touch(0x30_0000);
+        assert!(pt.test_clear_accessed(0x20_1000));
+        assert!(!pt.test_clear_accessed(0x30_0000));
+        // Unmapping one page splits: the other 511 keep their frames.
+        assert_eq!(pt.clear(0x20_5000, 1), (1, 0));
+        assert_eq!((pt.valid, pt.huge, pt.splits), (1 + 511, 0, 1));
+        assert_eq!(pt.lookup(0x20_5000), 0);
+        assert_eq!(decode(pt.lookup(0x20_4000)), Some((Target::Frame(1028), false)));
+        assert_eq!(decode(pt.lookup(0x20_6000)), Some((Target::Frame(1030), false)));
+        // Promotion again, then a 4 KiB map inside it splits it too.
+        pt.set_huge(0x20_0000, encode(Target::Frame(1024), true)).expect("huge");
+        assert_eq!((pt.valid, pt.huge), (1, 1));
+        pt.set(0x20_1000, encode(Target::Frame(3), true)).expect("set");
+        assert_eq!((pt.valid, pt.huge, pt.splits), (1 + 512, 0, 2));
+        assert_eq!(decode(pt.lookup(0x20_1000)), Some((Target::Frame(3), true)));
+        // A whole-block clear removes a 2 MiB entry without splitting it.
+        pt.set_huge(0x20_0000, encode(Target::Frame(1024), true)).expect("huge");
+        pt.set(0x1f_f000, encode(Target::Frame(5), true)).expect("set");
+        assert_eq!(pt.clear(0x1f_f000, 514), (1, 1));
+        assert_eq!((pt.valid, pt.huge, pt.splits), (1, 0, 2));
+        assert_eq!(decode(pt.lookup(0x60_0000)), Some((Target::Frame(7), true)));
     }
 }

@@ -96,7 +96,14 @@ fn show_device(d: &Device, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         g(&s.pages_zeroed),
         g(&s.remote_maps)
     )?;
-    writeln!(f, "  driver_calls: copy={} map={} unmap={}", g(&s.copy_calls), g(&s.map_calls), g(&s.unmap_calls))?;
+    writeln!(
+        f,
+        "  driver_calls: copy={} map={} unmap={} map_2m={}",
+        g(&s.copy_calls),
+        g(&s.map_calls),
+        g(&s.unmap_calls),
+        g(&s.map_2m)
+    )?;
     writeln!(
         f,
         "  evicted: to_host={} to_peer={} clean_dropped={} pre_evicted={} writebacks={} evacuated={} lost={}",

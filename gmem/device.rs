@@ -18,9 +18,9 @@
 //! driver's `ctx_create` is called under it. Driver callbacks are never called under a
 //! spinlock.
 
-use crate::abi::{GmemCopy, GmemDevOps, GmemDevProps, GmemPte, GMEM_DRIVER_ABI_VERSION};
+use crate::abi::{GmemCopy, GmemDevOps, GmemDevProps, GmemPte, GMEM_DEV_CAP_MAP_2M, GMEM_DRIVER_ABI_VERSION};
 use crate::policy::evict::{self as order, Clock, F_CLEAN, F_LENT, F_PINNED, F_REF, F_USED};
-use crate::policy::frames::FrameMap;
+use crate::policy::frames::{FrameMap, CHUNK_FRAMES};
 use crate::region::Region;
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use kernel::{
@@ -83,6 +83,8 @@ pub(crate) trait DeviceOps: Send + Sync {
 pub(crate) struct CDriver {
     ops: *const GmemDevOps,
     drv: *mut c_void,
+    /// `GMEM_DEV_CAP_*` the driver declared (only known bits).
+    caps: u32,
 }
 
 // SAFETY: by the driver API contract the callbacks may be called from any thread.
@@ -114,8 +116,16 @@ impl CDriver {
         if !complete || p.nr_frames == 0 || p.nr_frames > u64::from(u32::MAX) {
             return Err(EINVAL);
         }
+        if p.caps & !GMEM_DEV_CAP_MAP_2M != 0 || p.reserved != 0 {
+            return Err(EINVAL);
+        }
         // INVARIANT: checked above; lifetime by the caller's contract.
-        Ok((CDriver { ops, drv: p.drv }, p.nr_frames))
+        Ok((CDriver { ops, drv: p.drv, caps: p.caps }, p.nr_frames))
+    }
+
+    /// The driver maps a whole 2 MiB block with one `GMEM_PTE_2M` entry when asked to.
+    pub(crate) fn maps_2m(&self) -> bool {
+        self.caps & GMEM_DEV_CAP_MAP_2M != 0
     }
 
     /// Whether two devices are served by the same driver (peer copies need that).
@@ -223,6 +233,8 @@ pub(crate) struct DevStats {
     /// by one `tlb_invalidate`); per migrated page they show the batching.
     pub(crate) copy_calls: AtomicU64,
     pub(crate) map_calls: AtomicU64,
+    /// 2 MiB entries sent (`GMEM_PTE_2M`, each in a `map` call of its own).
+    pub(crate) map_2m: AtomicU64,
     pub(crate) unmap_calls: AtomicU64,
 }
 
@@ -384,6 +396,11 @@ impl Device {
     }
 
     /// Whether two devices are served by the same driver (peer copies need that).
+    /// The driver takes 2 MiB entries (`GMEM_DEV_CAP_MAP_2M`).
+    pub(crate) fn maps_2m(&self) -> bool {
+        self.drv.maps_2m()
+    }
+
     pub(crate) fn same_driver(&self, other: &Device) -> bool {
         self.drv.same_driver(&other.drv)
     }
@@ -477,6 +494,30 @@ impl Device {
             flags[f as usize] = F_USED | F_REF;
             // Frame numbers fit in 32 bits: `nr_frames <= u32::MAX` (checked at registration),
             // and the capacity was reserved above.
+            out.push(f as u32, GFP_NOWAIT)?;
+            got += 1;
+        }
+        Ok(got)
+    }
+
+    /// Frames for pages at offsets `offs` (0..512, ascending) of one 2 MiB block, appended
+    /// to `out` under one acquisition of the pool lock: page `k` gets frame `base + k` of an
+    /// aligned 512-frame chunk when that frame is free, any free frame otherwise. `base` is
+    /// `hint` (where the block's other pages on this device are) or, without one, a wholly
+    /// free chunk. A block whose pages all end up at `base + k` can be mapped with one
+    /// 2 MiB entry. Returns how many (fewer when the pool runs out).
+    pub(crate) fn alloc_placed(&self, hint: Option<u64>, offs: impl Iterator<Item = u64>, want: usize, out: &mut KVec<u32>) -> Result<usize> {
+        out.reserve(want, GFP_KERNEL)?;
+        let mut pool = self.frames.lock();
+        let FramePool { bits, cursor, used, flags, .. } = &mut *pool;
+        let mut map = FrameMap::new(bits, cursor, used, self.nr_frames).ok_or(EINVAL)?;
+        let base = hint.filter(|b| b % CHUNK_FRAMES == 0 && b.saturating_add(CHUNK_FRAMES) <= self.nr_frames).or_else(|| map.free_chunk());
+        let mut got = 0;
+        for k in offs.take(want) {
+            let placed = base.and_then(|b| b.checked_add(k)).filter(|&f| k < CHUNK_FRAMES && map.alloc_at(f));
+            let Some(f) = placed.or_else(|| map.alloc()) else { break };
+            flags[f as usize] = F_USED | F_REF;
+            // Frame numbers fit in 32 bits (`nr_frames <= u32::MAX`); capacity reserved above.
             out.push(f as u32, GFP_NOWAIT)?;
             got += 1;
         }

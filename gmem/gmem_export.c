@@ -163,5 +163,7 @@ const unsigned long gmem_c_abi_layout[] = {
 	offsetof(struct gmem_dev_ops, test_clear_accessed),
 	sizeof(struct gmem_dev_props),
 	offsetof(struct gmem_dev_props, drv),
+	offsetof(struct gmem_dev_props, caps),
+	offsetof(struct gmem_pte, flags),
 };
 const unsigned long gmem_c_abi_layout_len = ARRAY_SIZE(gmem_c_abi_layout);

@@ -9,9 +9,10 @@
 //! Revoking before copying means no processor can write the old copy after it was read.
 
 use crate::abi::{GmemCopy, GmemPte, GMEM_COPY_D2D, GMEM_COPY_D2H, GMEM_COPY_H2D, GMEM_COPY_ZERO};
-use crate::abi::{GMEM_PROT_READ, GMEM_PROT_WRITE};
+use crate::abi::{GMEM_PROT_READ, GMEM_PROT_WRITE, GMEM_PTE_2M};
 use crate::device::{self as devmod, DevStats, Device, DeviceOps, FrameOp, Owner, F_PREFETCHED};
 use crate::policy::evict::{F_CLEAN, F_LENT, F_PINNED, F_REF};
+use crate::policy::frames::CHUNK_FRAMES;
 use crate::policy::page_state::{Actions, Copy, Loc, PageState, Refused, MAX_DEVICES};
 use crate::space::Space;
 use crate::region::{devices_in, Pages, Region, PAGE_SIZE};
@@ -111,7 +112,7 @@ struct FrameSupply {
 }
 
 impl FrameSupply {
-    fn new(devs: &mut Devs, steps: &[Step]) -> Self {
+    fn new(devs: &mut Devs, p: &Pages, steps: &[Step]) -> Self {
         let mut want = [0usize; MAX_DEVICES];
         for st in steps {
             if let Some(d) = st.a.alloc_frame {
@@ -131,7 +132,15 @@ impl FrameSupply {
             // miss it. A shortfall shows as ENOSPC/ENODEV per step.
             if let Ok(dev) = devs.get(d as u8) {
                 if dev.alive() {
-                    let _ = dev.alloc_frames(w, &mut sup.frames[d]);
+                    let r = p.range();
+                    if dev.maps_2m() && r.len() == BATCH_PAGES {
+                        // Place the block's pages in one aligned chunk where possible, so
+                        // that the block can be mapped with one 2 MiB entry (`huge_entry`).
+                        let offs = steps.iter().filter(|st| st.a.alloc_frame == Some(d as u8)).map(|st| (st.i - r.start) as u64);
+                        let _ = dev.alloc_placed(chunk_of(p, d as u8), offs, w, &mut sup.frames[d]);
+                    } else {
+                        let _ = dev.alloc_frames(w, &mut sup.frames[d]);
+                    }
                     // Handed out front to back.
                     sup.frames[d].reverse();
                 }
@@ -311,7 +320,7 @@ pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outco
     let space = &env.region.space;
 
     // 1. Allocation.
-    let mut supply = FrameSupply::new(&mut devs, steps);
+    let mut supply = FrameSupply::new(&mut devs, p, steps);
     let mut stop = Ok(());
     for st in steps {
         let i = st.i;
@@ -492,7 +501,45 @@ fn commit(env: &Env<'_>, p: &mut Pages, st: &Step, fresh: &Fresh, ops: &mut KVec
     p.set_state(i, next.bits());
 }
 
-/// Step 6 for device `d`: one `map` call with the entries of every step that maps on it.
+/// The first frame of the aligned chunk where the whole block `p`'s pages on device `d`
+/// sit or would sit (page `k` of the block at chunk frame `k`), judged by the first of its
+/// pages owned by `d`; `None` if it has none, or that page is not where a chunk puts it.
+fn chunk_of(p: &Pages, d: u8) -> Option<u64> {
+    let r = p.range();
+    let i = r.clone().find(|&i| p.state(i).loc() == Loc::Device(d))?;
+    let (f, k) = (u64::from(p.frame(i)), (i - r.start) as u64);
+    f.checked_sub(k).filter(|b| b % CHUNK_FRAMES == 0)
+}
+
+/// One 2 MiB entry for the whole block `p` on device `d`, if it can have one: the block
+/// is a whole aligned 2 MiB, and every page of it is owned by `d` in frame `base + k` of
+/// one aligned chunk, with no duplicates, and all dirty (mapped writable) or all clean
+/// (read-only). That is exactly the protection the page-state machine gives each page's
+/// own mapping (a device maps its owner frame writable only while the page is dirty and
+/// has no duplicates), so one entry grants no access that 512 would not.
+fn huge_entry(env: &Env<'_>, p: &Pages) -> Option<(u8, GmemPte)> {
+    let r = p.range();
+    let va = env.region.va(r.start);
+    if r.len() != BATCH_PAGES || va % (BATCH_PAGES * PAGE_SIZE) as u64 != 0 {
+        return None;
+    }
+    let s0 = p.state(r.start);
+    let Loc::Device(d) = s0.loc() else { return None };
+    let base = p.frame(r.start);
+    if u64::from(base) % CHUNK_FRAMES != 0 {
+        return None;
+    }
+    let same = r.clone().zip(base..).all(|(i, f)| {
+        let s = p.state(i);
+        s.loc() == Loc::Device(d) && s.dup_mask() == 0 && s.dirty() == s0.dirty() && p.frame(i) == f
+    });
+    let prot = GMEM_PROT_READ | if s0.dirty() { GMEM_PROT_WRITE } else { 0 };
+    same.then_some((d, GmemPte { va, frame: u64::from(base), host: core::ptr::null_mut(), prot, flags: GMEM_PTE_2M }))
+}
+
+/// Step 6 for device `d`: one `map` call with the entries of every step that maps on it,
+/// or with one 2 MiB entry for the whole block when the device takes those and the block
+/// qualifies (`huge_entry`); the driver replaces the block's 4 KiB entries with it.
 fn map_batch(env: &Env<'_>, p: &Pages, steps: &[Step], d: u8, devs: &mut Devs) -> Result {
     let dev = devs.get(d)?.clone();
     if !dev.alive() {
@@ -500,6 +547,13 @@ fn map_batch(env: &Env<'_>, p: &Pages, steps: &[Step], d: u8, devs: &mut Devs) -
     }
     let ops = dev.ops().ok_or(ENODEV)?;
     let ctx = env.region.space.ctx(&dev)?;
+    if dev.maps_2m() {
+        if let Some((_, pte)) = huge_entry(env, p).filter(|(o, _)| *o == d) {
+            DevStats::add(&dev.stats.map_calls, 1);
+            DevStats::add(&dev.stats.map_2m, 1);
+            return ops.map(ctx, &[pte]);
+        }
+    }
     let mut ptes: KVec<GmemPte> = KVec::new();
     for st in steps {
         let Some(m) = st.a.map_dev.filter(|m| m.dev == d) else { continue };
@@ -507,10 +561,10 @@ fn map_batch(env: &Env<'_>, p: &Pages, steps: &[Step], d: u8, devs: &mut Devs) -
         let prot = GMEM_PROT_READ | if m.writable { GMEM_PROT_WRITE } else { 0 };
         let pte = if m.remote_host {
             DevStats::add(&dev.stats.remote_maps, 1);
-            GmemPte { va, frame: 0, host: host_ptr(p, st.i)?, prot, pad: 0 }
+            GmemPte { va, frame: 0, host: host_ptr(p, st.i)?, prot, flags: 0 }
         } else {
             let frame = if st.next.loc() == Loc::Device(d) { p.frame(st.i) } else { p.dup_frame(st.i, d).ok_or(EINVAL)? };
-            GmemPte { va, frame: u64::from(frame), host: core::ptr::null_mut(), prot, pad: 0 }
+            GmemPte { va, frame: u64::from(frame), host: core::ptr::null_mut(), prot, flags: 0 }
         };
         ptes.push(pte, GFP_KERNEL)?;
     }

@@ -189,6 +189,8 @@ mod tests {
             name: core::ptr::null(),
             nr_frames,
             drv: core::ptr::null_mut(),
+            caps: 0,
+            reserved: 0,
         }
     }
 
@@ -268,10 +270,19 @@ mod tests {
             frame_page: None,
         test_clear_accessed: None,
         };
-        let p = props(1);
-        // SAFETY: `OPS` is static and complete; `p` is a live local.
+        let mut p = props(1);
+        // Capabilities: unknown bits and a nonzero reserved word are refused.
+        p.caps = 2;
+        // SAFETY (all three): `OPS` is static and complete; `p` is a live local.
+        assert_eq!(unsafe { CDriver::new(&OPS, &p) }.err(), Some(EINVAL));
+        (p.caps, p.reserved) = (crate::abi::GMEM_DEV_CAP_MAP_2M, 1);
+        assert_eq!(unsafe { CDriver::new(&OPS, &p) }.err(), Some(EINVAL));
+        p.reserved = 0;
         match unsafe { CDriver::new(&OPS, &p) } {
-            Ok((d, _)) => d,
+            Ok((d, _)) => {
+                assert!(d.maps_2m());
+                d
+            }
             Err(_) => panic!("complete static ops refused"),
         }
     }

@@ -18,7 +18,7 @@
 
 #include <linux/types.h>
 
-#define GMEM_DRIVER_ABI_VERSION 2	/* 2: ops gained test_clear_accessed */
+#define GMEM_DRIVER_ABI_VERSION 3	/* 2: ops gained test_clear_accessed; 3: 2 MiB PTEs */
 
 struct page;
 struct gmem_dev;	/* a registered device (opaque, owned by gmem.ko) */
@@ -32,17 +32,26 @@ struct gmem_space;	/* one process's GMEM address space (opaque, refcounted) */
 #define GMEM_PROT_READ		1u
 #define GMEM_PROT_WRITE		2u
 
+/* Flags of a device PTE. */
+#define GMEM_PTE_2M		1u	/* one entry for 512 pages (needs GMEM_DEV_CAP_MAP_2M) */
+
 /*
  * One device page-table entry to install. If @host is non-NULL the device maps that host page
  * remotely (over the link, no migration) and @frame is ignored; otherwise @frame is a frame
  * index of this device's pool.
+ *
+ * With GMEM_PTE_2M in @flags (only sent to a device that declared GMEM_DEV_CAP_MAP_2M) the
+ * entry maps the 2 MiB at @va (2 MiB-aligned) to the 512 frames @frame .. @frame + 511
+ * (@frame a multiple of 512), all with @prot; @host is NULL. It replaces whatever 4 KiB
+ * entries the range had. The core sends one only when every page of the 2 MiB is resident
+ * on the device in exactly those frames.
  */
 struct gmem_pte {
 	__u64 va;
 	__u64 frame;
 	struct page *host;
 	__u32 prot;
-	__u32 __pad;
+	__u32 flags;		/* GMEM_PTE_* (was padding before ABI 3: zero) */
 };
 
 /* Copy directions. */
@@ -61,9 +70,17 @@ struct gmem_dev_ops {
 	/* Create/destroy the device page table ("context") of one address space. */
 	int (*ctx_create)(void *drv, void **ctx);
 	void (*ctx_destroy)(void *drv, void *ctx);
-	/* Install @n PTEs in @ctx. Must not fail for valid input except with -ENOMEM. */
+	/*
+	 * Install @n PTEs in @ctx. Must not fail for valid input except with -ENOMEM. A 4 KiB
+	 * entry inside a 2 MiB one splits the 2 MiB entry first (see unmap).
+	 */
 	int (*map)(void *drv, void *ctx, const struct gmem_pte *ptes, __u32 n);
-	/* Remove the PTEs of [va, va + npages * 4K) in @ctx; unmapped pages are ignored. */
+	/*
+	 * Remove the PTEs of [va, va + npages * 4K) in @ctx; unmapped pages are ignored. A
+	 * 2 MiB entry the range covers only in part is split: the pages outside the range stay
+	 * mapped, each with its 4 KiB entry (same frame, same protection). Cannot fail, so a
+	 * driver that maps 2 MiB entries keeps what a split needs (e.g. the leaf table) ready.
+	 */
 	void (*unmap)(void *drv, void *ctx, __u64 va, __u64 npages);
 	/* Make earlier unmaps visible to the device (flush its TLBs). */
 	void (*tlb_invalidate)(void *drv, void *ctx, __u64 va, __u64 npages);
@@ -74,10 +91,14 @@ struct gmem_dev_ops {
 	/*
 	 * Optional: test and clear the device's accessed bit of the PTE at @va in @ctx.
 	 * Returns 1 if the device touched the page since the last call, 0 if not (or unmapped).
+	 * A 2 MiB entry has one accessed bit for all of its pages.
 	 * Feeds gmem's replacement order (second chance) and prefetch accounting.
 	 */
 	int (*test_clear_accessed)(void *drv, void *ctx, __u64 va);
 };
+
+/* Capabilities a driver declares in gmem_dev_props.caps. */
+#define GMEM_DEV_CAP_MAP_2M	1u	/* map takes GMEM_PTE_2M entries */
 
 struct gmem_dev_props {
 	__u32 size;		/* sizeof(struct gmem_dev_props) */
@@ -85,6 +106,8 @@ struct gmem_dev_props {
 	const char *name;
 	__u64 nr_frames;	/* capacity of the device memory pool, 4 KiB frames */
 	void *drv;		/* passed back as first argument of every callback */
+	__u32 caps;		/* GMEM_DEV_CAP_*; unknown bits are refused (-EINVAL) */
+	__u32 __reserved;	/* zero */
 };
 
 /* Returns the device or an ERR_PTR(). Every op except frame_page is mandatory. */

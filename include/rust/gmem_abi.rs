@@ -8,7 +8,7 @@
 use kernel::bindings;
 use kernel::ffi::{c_char, c_int, c_void};
 
-pub const GMEM_DRIVER_ABI_VERSION: u32 = 2;
+pub const GMEM_DRIVER_ABI_VERSION: u32 = 3;
 pub const GMEM_ACCESS_READ: u32 = 1;
 pub const GMEM_ACCESS_WRITE: u32 = 2;
 pub const GMEM_PROT_READ: u32 = 1;
@@ -17,6 +17,8 @@ pub const GMEM_COPY_H2D: u32 = 0;
 pub const GMEM_COPY_D2H: u32 = 1;
 pub const GMEM_COPY_D2D: u32 = 2;
 pub const GMEM_COPY_ZERO: u32 = 3;
+pub const GMEM_PTE_2M: u32 = 1;
+pub const GMEM_DEV_CAP_MAP_2M: u32 = 1;
 
 /// Opaque handle of a registered device (really `gmem::device::Device`).
 #[repr(C)]
@@ -38,7 +40,7 @@ pub struct GmemPte {
     pub frame: u64,
     pub host: *mut bindings::page,
     pub prot: u32,
-    pub pad: u32,
+    pub flags: u32,
 }
 
 /// `struct gmem_copy`.
@@ -82,10 +84,12 @@ pub struct GmemDevProps {
     pub name: *const c_char,
     pub nr_frames: u64,
     pub drv: *mut c_void,
+    pub caps: u32,
+    pub reserved: u32,
 }
 
 /// Sizes and offsets of the structs above, in the order `gmem_c_abi_layout[]` lists them.
-pub const ABI_LAYOUT: [usize; 10] = [
+pub const ABI_LAYOUT: [usize; 12] = [
     core::mem::size_of::<GmemPte>(),
     core::mem::offset_of!(GmemPte, prot),
     core::mem::size_of::<GmemCopy>(),
@@ -96,4 +100,6 @@ pub const ABI_LAYOUT: [usize; 10] = [
     core::mem::offset_of!(GmemDevOps, test_clear_accessed),
     core::mem::size_of::<GmemDevProps>(),
     core::mem::offset_of!(GmemDevProps, drv),
+    core::mem::offset_of!(GmemDevProps, caps),
+    core::mem::offset_of!(GmemPte, flags),
 ];

@@ -11,6 +11,10 @@
 //! `alloc` finds a free frame whenever one exists (next-fit from the cursor, wrapping).
 #![allow(dead_code, unreachable_pub)]
 
+/// Frames of one 2 MiB device page: a block mapped with one entry uses a naturally
+/// aligned run of this many frames.
+pub const CHUNK_FRAMES: u64 = 512;
+
 /// Why a frame could not be freed (the map is unchanged).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum FrameError {
@@ -107,6 +111,36 @@ impl<'a> FrameMap<'a> {
         n
     }
 
+    /// Takes frame `f` if it is free; `false` (nothing changes) if it is in use or out of
+    /// range. Placement hint of the block allocator: a page's frame at a chosen address.
+    pub fn alloc_at(&mut self, f: u64) -> bool {
+        let Some((w, m)) = self.locate(f) else { return false };
+        let Some(word) = self.bits.get_mut(w) else { return false };
+        if *word & m != 0 {
+            return false;
+        }
+        *word |= m;
+        *self.used = self.used.saturating_add(1);
+        true
+    }
+
+    /// First frame of a free, naturally aligned run of `CHUNK_FRAMES` frames (one 2 MiB
+    /// device page), searched next-fit from the cursor and wrapping; `None` if there is none.
+    /// Nothing is taken: the caller places pages in it with [`FrameMap::alloc_at`].
+    pub fn free_chunk(&self) -> Option<u64> {
+        const WORDS: u64 = CHUNK_FRAMES / 64;
+        let chunks = self.nframes / CHUNK_FRAMES;
+        if chunks == 0 {
+            return None;
+        }
+        let start = (*self.cursor / CHUNK_FRAMES) % chunks;
+        (0..chunks).map(|k| (start + k) % chunks).find_map(|c| {
+            let w0 = usize::try_from(c * WORDS).ok()?;
+            let words = self.bits.get(w0..w0.checked_add(WORDS as usize)?)?;
+            words.iter().all(|w| *w == 0).then_some(c * CHUNK_FRAMES)
+        })
+    }
+
     /// Frees frame `f`. On error nothing changes.
     pub fn free(&mut self, f: u64) -> Result<(), FrameError> {
         let (w, m) = self.locate(f).ok_or(FrameError::OutOfRange)?;
@@ -189,6 +223,26 @@ mod tests {
         assert!(half.iter().copied().eq((0..n).step_by(2)));
         assert_eq!(m.used(), n);
         assert_eq!(m.alloc_many(&mut half[..1]), 0);
+    }
+
+    #[test]
+    fn chunks_are_aligned_free_runs_and_alloc_at_places_pages() {
+        let n = 3 * CHUNK_FRAMES + 100;
+        let (mut bits, mut cur, mut used) = ([0u64; 30], 0, 0);
+        let mut m = FrameMap::new(&mut bits, &mut cur, &mut used, n).unwrap();
+        assert_eq!(m.free_chunk(), Some(0));
+        assert!(m.alloc_at(5));
+        assert!(!m.alloc_at(5), "a frame in use is not taken twice");
+        assert!(!m.alloc_at(n), "out of range");
+        assert_eq!(m.used(), 1);
+        assert_eq!(m.free_chunk(), Some(CHUNK_FRAMES), "chunk 0 has a frame in use");
+        assert!(m.alloc_at(2 * CHUNK_FRAMES - 1));
+        assert_eq!(m.free_chunk(), Some(2 * CHUNK_FRAMES));
+        assert!(m.alloc_at(2 * CHUNK_FRAMES + 300));
+        assert_eq!(m.free_chunk(), None, "the 100 frames past the last whole chunk do not count");
+        m.free(5).unwrap();
+        assert_eq!(m.free_chunk(), Some(0));
+        assert_eq!(m.used(), 2);
     }
 
     #[test]

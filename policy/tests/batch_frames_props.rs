@@ -2,7 +2,7 @@
 //! Property tests of `batch` (against a BTreeSet) and `frames` (against a per-frame model).
 
 use gmem_policy::batch::{by_block, coalesce, BLOCK_SHIFT};
-use gmem_policy::frames::{FrameError, FrameMap};
+use gmem_policy::frames::{FrameError, FrameMap, CHUNK_FRAMES};
 use proptest::prelude::*;
 use std::collections::BTreeSet;
 
@@ -30,8 +30,8 @@ proptest! {
 
     #[test]
     fn frame_map_matches_model(
-        nframes in 1u64..200,
-        ops in prop::collection::vec((0u8..3, 0u64..220, 0usize..40), 0..80)
+        nframes in prop_oneof![1u64..200, 1000u64..1700],
+        ops in prop::collection::vec((0u8..5, 0u64..1800, 0usize..40), 0..80)
     ) {
         let mut bits = vec![0u64; FrameMap::words_for(nframes)];
         let (mut cursor, mut used) = (0u64, 0u64);
@@ -56,6 +56,27 @@ proptest! {
                     for &x in &out[..got] {
                         prop_assert!(x < nframes && !model[x as usize], "bad/duplicate {}", x);
                         model[x as usize] = true;
+                    }
+                }
+                2 => {
+                    let took = m.alloc_at(f);
+                    let was_free = model.get(f as usize) == Some(&false);
+                    prop_assert_eq!(took, was_free);
+                    if took {
+                        model[f as usize] = true;
+                    }
+                }
+                3 => {
+                    // The chunk found is aligned, whole and free; none is found only when
+                    // no aligned run is entirely free.
+                    let whole = nframes / CHUNK_FRAMES;
+                    let free_run = |c: u64| (c * CHUNK_FRAMES..(c + 1) * CHUNK_FRAMES).all(|x| !model[x as usize]);
+                    match m.free_chunk() {
+                        Some(b) => {
+                            prop_assert!(b % CHUNK_FRAMES == 0 && b / CHUNK_FRAMES < whole);
+                            prop_assert!(free_run(b / CHUNK_FRAMES));
+                        }
+                        None => prop_assert!(!(0..whole).any(free_run)),
                     }
                 }
                 _ => {

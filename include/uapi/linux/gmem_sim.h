@@ -53,10 +53,11 @@ struct gmem_sim_info {
 	__u32 argsz;
 	__s32 gmem_id;		/* out: the device id in the GMEM user API */
 	__u64 nr_frames;	/* out: device memory, 4 KiB frames */
-	__u64 ptes;		/* out: valid PTEs over all contexts */
+	__u64 ptes;		/* out: valid 4 KiB PTEs over all contexts */
 	__u64 copies;		/* out: pages copied by the copy engine */
 	__u64 tlb_flushes;	/* out */
-	__u64 reserved[2];
+	__u64 ptes_2m;		/* out: valid 2 MiB PTEs over all contexts */
+	__u64 splits_2m;	/* out: 2 MiB PTEs split into 4 KiB ones so far */
 };
 
 /*

@@ -201,6 +201,65 @@ fn concurrent_faults_on_one_region() -> TestResult {
     Ok(())
 }
 
+/// 2 MiB device mappings: a block that arrives whole is mapped with one entry; one page
+/// leaving it splits the entry (the other 511 stay mapped, with their data); the block is
+/// mapped whole again once all of it is back, dirty alike; freeing it leaves no entry.
+fn two_mib_mapping_splits_when_a_page_leaves() -> TestResult {
+    let (g, s) = open()?;
+    let r = ok!(g.alloc(2 * BLOCK));
+    let a = r.addr.next_multiple_of(BLOCK);
+    let first = ((a - r.addr) / 4) as usize;
+    let nw = (BLOCK / 4) as usize;
+    let pages = (BLOCK / 4096) as usize;
+    let sum = pattern(&mut words(&r)[first..first + nw], 21);
+    let i0 = ok!(s.info());
+    let delta = |i: &libgmem::sim::SimInfo| (i.ptes_2m.wrapping_sub(i0.ptes_2m) as i64, i.ptes.wrapping_sub(i0.ptes) as i64);
+
+    // Host -> device in one batch: one 2 MiB entry, no 4 KiB ones; the device reads it
+    // without a fault.
+    ok!(g.advise(a, BLOCK, GMEM_ADV_PREFETCH, 0, 0));
+    all_at(&ok!(g.query(a, pages)), GMEM_LOC_DEVICE, 0)?;
+    let i1 = ok!(s.info());
+    ensure!(delta(&i1) == (1, 0), "after a whole-block prefetch: (2 MiB, 4 KiB) entries {:?}, expected (1, 0)", delta(&i1));
+    let o = ok!(s.checksum(a, BLOCK));
+    ensure!(o.result == sum && o.faults == 0, "device read {:#x} (want {sum:#x}) with {} faults", o.result, o.faults);
+
+    // The device writes the block: the clean pages' read-only entry gives way to writable
+    // ones, and once every page is dirty the block is one (writable) entry again.
+    ok!(s.fill(a, BLOCK, 9));
+    let i2 = ok!(s.info());
+    ensure!(delta(&i2) == (1, 0), "after the device wrote every page: entries {:?}, expected (1, 0)", delta(&i2));
+    ensure!(i2.splits_2m > i1.splits_2m, "the read-only entry was never split by a write");
+
+    // One page goes home: the entry splits, the other 511 pages stay mapped.
+    let leave = 5u64;
+    ok!(g.advise(a + leave * 4096, 4096, GMEM_ADV_PREFETCH, GMEM_HOST, 0));
+    let q = ok!(g.query(a, pages));
+    ensure!(q_loc(q[leave as usize]) == GMEM_LOC_HOST, "page {leave} did not go home: {:#x}", q[leave as usize]);
+    let i3 = ok!(s.info());
+    ensure!(delta(&i3) == (0, 511), "after one page left: entries {:?}, expected (0, 511)", delta(&i3));
+    ensure!(i3.splits_2m == i2.splits_2m + 1, "{} splits for one page leaving", i3.splits_2m - i2.splits_2m);
+    let want: Vec<u32> = (0..nw as u32).map(|i| 9u32.wrapping_add(i)).collect();
+    let sum9 = checksum(&want);
+    // The device still reads all of it (511 pages through the split entries, one faults).
+    let o = ok!(s.checksum(a, BLOCK));
+    ensure!(o.result == sum9, "device read {:#x} after the split, want {sum9:#x}", o.result);
+    ensure!(o.faults == 1, "{} device faults reading the split block, expected 1", o.faults);
+    ensure!(checksum(&words(&r)[first..first + nw]) == sum9, "CPU reads wrong data after the split");
+
+    // Written whole again (the page that came back is dirty like the rest): one entry.
+    all_at(&ok!(g.query(a, pages)), GMEM_LOC_HOST, 0)?;
+    ok!(g.advise(a, BLOCK, GMEM_ADV_PREFETCH, 0, 0));
+    ok!(s.fill(a, BLOCK, 4));
+    let i4 = ok!(s.info());
+    ensure!(delta(&i4) == (1, 0), "after the block came back whole: entries {:?}, expected (1, 0)", delta(&i4));
+
+    drop(r);
+    let i5 = ok!(s.info());
+    ensure!(delta(&i5) == (0, 0), "after FREE: entries {:?} left", delta(&i5));
+    Ok(())
+}
+
 pub fn tests() -> Vec<Test> {
     vec![
         Test { name: "prefetch_moves_a_block_in_few_calls", f: prefetch_moves_a_block_in_few_calls },
@@ -208,5 +267,6 @@ pub fn tests() -> Vec<Test> {
         Test { name: "fail_copy_rejects_bad_arguments", f: fail_copy_rejects_bad_arguments },
         Test { name: "fault_around_edges_pinned_and_duplicated", f: fault_around_edges_pinned_and_duplicated },
         Test { name: "concurrent_faults_on_one_region", f: concurrent_faults_on_one_region },
+        Test { name: "two_mib_mapping_splits_when_a_page_leaves", f: two_mib_mapping_splits_when_a_page_leaves },
     ]
 }

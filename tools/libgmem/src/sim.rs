@@ -40,7 +40,10 @@ pub struct SimInfo {
     pub ptes: u64,
     pub copies: u64,
     pub tlb_flushes: u64,
-    pub reserved: [u64; 2],
+    /// Valid 2 MiB entries (`ptes` counts 4 KiB ones).
+    pub ptes_2m: u64,
+    /// 2 MiB entries split into 4 KiB ones so far.
+    pub splits_2m: u64,
 }
 
 const fn iowr_s(nr: u64, size: usize) -> u64 {
