@@ -24,7 +24,7 @@ pub(crate) unsafe fn access(region: &Arc<Region>, addr: usize, buf: *mut u8, len
     let off = addr % PAGE_SIZE;
     let n = core::cmp::min(len, PAGE_SIZE - off);
     let block = region.block(i)?;
-    let mut p = block.pages.lock();
+    let mut p = region.lock(&block);
     if region.is_dead() {
         return Err(EFAULT);
     }

@@ -158,7 +158,7 @@ fn move_pages(space: &Space, region: &Arc<Region>, first: usize, count: usize, a
             let mut pinned = 0u64;
             let mut from = first;
             while let Some(block) = region.next_block(from) {
-                let p = block.pages.lock();
+                let p = region.lock(&block);
                 let r = p.range();
                 if r.start >= end {
                     break;
@@ -224,7 +224,7 @@ fn move_range(
         let mut steps: KVec<migrate::Step> = KVec::with_capacity(migrate::BATCH_PAGES, GFP_KERNEL)?;
         // The block lock is taken once per chunk, and dropped only to evict.
         let block = region.block(i)?;
-        let mut p = block.pages.lock();
+        let mut p = region.lock(&block);
         while i < chunk_end {
             if region.is_dead() {
                 return Err(ENOENT);
@@ -266,7 +266,7 @@ fn move_range(
                             return Err(ENOMEM);
                         }
                         crate::evict::make_room_for(&acts, 64, crate::evict::Why::Advice)?;
-                        p = block.pages.lock();
+                        p = region.lock(&block);
                         continue;
                     }
                     Err(e) => return Err(e),

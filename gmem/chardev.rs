@@ -277,7 +277,7 @@ impl GmemFile {
             let end = core::cmp::min(first + n, region.block_pages(i).end);
             match region.block_if_any(i) {
                 Some(block) => {
-                    let p = block.pages.lock();
+                    let p = region.lock(&block);
                     for j in i..end {
                         out.push(p.state(j).query_word(), GFP_KERNEL)?;
                     }

@@ -98,12 +98,14 @@ fn show_device(d: &Device, f: &mut fmt::Formatter<'_>) -> fmt::Result {
     )?;
     writeln!(
         f,
-        "  driver_calls: copy={} map={} unmap={} map_2m={}",
+        "  driver_calls: copy={} map={} unmap={} tlb={} map_2m={}",
         g(&s.copy_calls),
         g(&s.map_calls),
         g(&s.unmap_calls),
+        g(&s.tlb_calls),
         g(&s.map_2m)
     )?;
+    writeln!(f, "  locks: pool={}", g(&s.pool_locks))?;
     writeln!(
         f,
         "  evicted: to_host={} to_peer={} clean_dropped={} pre_evicted={} writebacks={} evacuated={} lost={}",
@@ -180,7 +182,7 @@ fn show_spaces(_: &(), f: &mut fmt::Formatter<'_>) -> fmt::Result {
         }
         write!(
             f,
-            "space{} pid={} regions={} pages={} cpu_faults={} dev_faults={} cpu_zaps={} none={} host={} lost={}",
+            "space{} pid={} regions={} pages={} cpu_faults={} dev_faults={} cpu_zaps={} block_locks={} none={} host={} lost={}",
             s.id,
             s.pid,
             c.regions,
@@ -188,6 +190,7 @@ fn show_spaces(_: &(), f: &mut fmt::Formatter<'_>) -> fmt::Result {
             s.stats.cpu_faults.load(Relaxed),
             s.stats.dev_faults.load(Relaxed),
             s.stats.cpu_zaps.load(Relaxed),
+            s.stats.block_locks.load(Relaxed),
             c.none,
             c.host,
             c.lost

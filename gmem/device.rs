@@ -235,6 +235,10 @@ pub(crate) struct DevStats {
     pub(crate) map_calls: AtomicU64,
     /// 2 MiB entries sent (`GMEM_PTE_2M`, each in a `map` call of its own).
     pub(crate) map_2m: AtomicU64,
+    /// `tlb_invalidate` calls.
+    pub(crate) tlb_calls: AtomicU64,
+    /// Acquisitions of the frame-pool lock (`Device::pool`).
+    pub(crate) pool_locks: AtomicU64,
     pub(crate) unmap_calls: AtomicU64,
 }
 
@@ -273,6 +277,22 @@ struct FramePool {
     /// Reverse map: frame -> page.
     owner: KVVec<Option<Owner>>,
     hand: u64,
+    /// Frames with `F_PINNED` / `F_LENT` set, kept by [`FramePool::put`] (never rescanned).
+    pinned: u64,
+    lent: u64,
+}
+
+impl FramePool {
+    /// Keeps the pinned/lent counts right when a frame's flags go from `old` to `new`.
+    fn recount(pinned: &mut u64, lent: &mut u64, old: u8, new: u8) {
+        for (bit, n) in [(F_PINNED, pinned), (F_LENT, lent)] {
+            match (old & bit != 0, new & bit != 0) {
+                (false, true) => *n += 1,
+                (true, false) => *n = n.saturating_sub(1),
+                _ => {}
+            }
+        }
+    }
 }
 
 /// A callback section of one device: the driver may be called through it.
@@ -362,7 +382,7 @@ impl Device {
                 callbacks <- new_srcu!("gmem_device_callbacks"),
                 ctxs <- new_mutex!(KVec::new(), "gmem_device_ctxs"),
                 frames <- new_mutex!(
-                    FramePool { bits, cursor: 0, used: 0, flags, owner, hand: 0 },
+                    FramePool { bits, cursor: 0, used: 0, flags, owner, hand: 0, pinned: 0, lent: 0 },
                     "gmem_device_frames"
                 ),
                 evict_lock <- new_mutex!((), "gmem_device_evict"),
@@ -470,13 +490,20 @@ impl Device {
         self.high.store(high, Ordering::Relaxed);
     }
 
+    /// The frame pool, locked; every acquisition is counted (`locks: pool=` in debugfs).
+    fn pool(&self) -> kernel::sync::MutexGuard<'_, FramePool> {
+        DevStats::add(&self.stats.pool_locks, 1);
+        self.frames.lock()
+    }
+
     /// One free frame, or `ENOSPC` when the pool is exhausted (the caller may evict and
     /// retry). The frame starts used and referenced, with no owner yet.
     pub(crate) fn alloc_frame(&self) -> Result<u32> {
-        let mut pool = self.frames.lock();
+        let mut pool = self.pool();
         let FramePool { bits, cursor, used, flags, .. } = &mut *pool;
         let mut map = FrameMap::new(bits, cursor, used, self.nr_frames).ok_or(EINVAL)?;
         let f = map.alloc().ok_or(ENOSPC)?;
+        // A free frame's flags are 0 (every free clears them): no pinned/lent count moves.
         flags[f as usize] = F_USED | F_REF;
         u32::try_from(f).map_err(|_| EINVAL)
     }
@@ -485,7 +512,7 @@ impl Device {
     /// returns how many (fewer when the pool runs out). Each starts like `alloc_frame`'s.
     pub(crate) fn alloc_frames(&self, want: usize, out: &mut KVec<u32>) -> Result<usize> {
         out.reserve(want, GFP_KERNEL)?;
-        let mut pool = self.frames.lock();
+        let mut pool = self.pool();
         let FramePool { bits, cursor, used, flags, .. } = &mut *pool;
         let mut map = FrameMap::new(bits, cursor, used, self.nr_frames).ok_or(EINVAL)?;
         let mut got = 0;
@@ -508,7 +535,7 @@ impl Device {
     /// 2 MiB entry. Returns how many (fewer when the pool runs out).
     pub(crate) fn alloc_placed(&self, hint: Option<u64>, offs: impl Iterator<Item = u64>, want: usize, out: &mut KVec<u32>) -> Result<usize> {
         out.reserve(want, GFP_KERNEL)?;
-        let mut pool = self.frames.lock();
+        let mut pool = self.pool();
         let FramePool { bits, cursor, used, flags, .. } = &mut *pool;
         let mut map = FrameMap::new(bits, cursor, used, self.nr_frames).ok_or(EINVAL)?;
         let base = hint.filter(|b| b % CHUNK_FRAMES == 0 && b.saturating_add(CHUNK_FRAMES) <= self.nr_frames).or_else(|| map.free_chunk());
@@ -527,14 +554,15 @@ impl Device {
     /// Returns a frame to the pool. Returns its flags as they were (for accounting).
     pub(crate) fn free_frame(&self, frame: u32) -> u8 {
         let (old, fl) = {
-            let mut pool = self.frames.lock();
-            let FramePool { bits, cursor, used, flags, owner, .. } = &mut *pool;
+            let mut pool = self.pool();
+            let FramePool { bits, cursor, used, flags, owner, pinned, lent, .. } = &mut *pool;
             let ok = FrameMap::new(bits, cursor, used, self.nr_frames).map(|mut m| m.free(u64::from(frame)).is_ok());
             if ok != Some(true) {
                 pr_err!("device {}: bad frame free {}\n", self.id, frame);
                 return 0;
             }
             let fl = core::mem::replace(&mut flags[frame as usize], 0);
+            FramePool::recount(pinned, lent, fl, 0);
             (owner[frame as usize].take(), fl)
         };
         // Dropped outside the lock: the last reference to a region may go here.
@@ -549,8 +577,8 @@ impl Device {
     /// with `settle` found their frame still marked prefetched (a prefetch that was used).
     pub(crate) fn commit_frames<'a>(&self, ops: impl Iterator<Item = &'a mut FrameOp>) -> u64 {
         let mut settled = 0;
-        let mut pool = self.frames.lock();
-        let FramePool { bits, cursor, used, flags, owner, .. } = &mut *pool;
+        let mut pool = self.pool();
+        let FramePool { bits, cursor, used, flags, owner, pinned, lent, .. } = &mut *pool;
         for op in ops {
             let old = match op {
                 FrameOp::Free(frame) => {
@@ -561,6 +589,7 @@ impl Device {
                         continue;
                     }
                     if let Some(fl) = flags.get_mut(f) {
+                        FramePool::recount(pinned, lent, *fl, 0);
                         *fl = 0;
                     }
                     owner.get_mut(f).and_then(Option::take)
@@ -571,7 +600,9 @@ impl Device {
                     if *settle && *fl & F_PREFETCHED != 0 {
                         settled += 1;
                     }
-                    *fl = (*fl & *keep) | *set | F_USED;
+                    let new = (*fl & *keep) | *set | F_USED;
+                    FramePool::recount(pinned, lent, *fl, new);
+                    *fl = new;
                     match (owner.get_mut(f), who.take()) {
                         (Some(slot), Some(w)) => slot.replace(w),
                         _ => None,
@@ -588,13 +619,16 @@ impl Device {
     /// are preserved, the rest replaced by `set`).
     pub(crate) fn set_owner(&self, frame: u32, who: Owner, set: u8, keep: u8) {
         let old = {
-            let mut pool = self.frames.lock();
+            let mut pool = self.pool();
             let i = frame as usize;
             if i >= pool.flags.len() {
                 return;
             }
-            pool.flags[i] = (pool.flags[i] & keep) | set | F_USED;
-            pool.owner[i].replace(who)
+            let FramePool { flags, owner, pinned, lent, .. } = &mut *pool;
+            let new = (flags[i] & keep) | set | F_USED;
+            FramePool::recount(pinned, lent, flags[i], new);
+            flags[i] = new;
+            owner[i].replace(who)
         };
         drop(old);
     }
@@ -603,7 +637,7 @@ impl Device {
     /// prefetch of it counts as used.
     pub(crate) fn note_used(&self, frame: u32) {
         let was_prefetched = {
-            let mut pool = self.frames.lock();
+            let mut pool = self.pool();
             match pool.flags.get_mut(frame as usize) {
                 Some(f) => {
                     let p = *f & F_PREFETCHED != 0;
@@ -619,20 +653,23 @@ impl Device {
     }
 
     pub(crate) fn set_flags(&self, frame: u32, set: u8) {
-        if let Some(f) = self.frames.lock().flags.get_mut(frame as usize) {
+        let mut pool = self.pool();
+        let FramePool { flags, pinned, lent, .. } = &mut *pool;
+        if let Some(f) = flags.get_mut(frame as usize) {
+            FramePool::recount(pinned, lent, *f, *f | set);
             *f |= set;
         }
     }
 
     pub(crate) fn flags(&self, frame: u32) -> u8 {
-        self.frames.lock().flags.get(frame as usize).copied().unwrap_or(0)
+        self.pool().flags.get(frame as usize).copied().unwrap_or(0)
     }
 
     /// Up to `n` victims in replacement order, with who holds them.
     pub(crate) fn victims(&self, n: usize) -> Result<KVec<(u32, Owner)>> {
         let mut picked = [0u64; 64];
         let n = n.min(picked.len());
-        let mut pool = self.frames.lock();
+        let mut pool = self.pool();
         let FramePool { flags, hand, owner, .. } = &mut *pool;
         let k = Clock::new(flags, hand).select(&mut picked[..n]);
         let mut out = KVec::with_capacity(k, GFP_KERNEL)?;
@@ -646,7 +683,7 @@ impl Device {
 
     /// Frames holding victims parked here by peers that still need a host copy.
     pub(crate) fn lent_dirty(&self, n: usize) -> Result<KVec<(u32, Owner)>> {
-        let pool = self.frames.lock();
+        let pool = self.pool();
         let mut out = KVec::new();
         for (f, fl) in pool.flags.iter().enumerate() {
             if out.len() >= n {
@@ -662,7 +699,7 @@ impl Device {
     }
 
     pub(crate) fn frames_used(&self) -> u64 {
-        self.frames.lock().used
+        self.pool().used
     }
 
     pub(crate) fn frames_free(&self) -> u64 {
@@ -671,12 +708,12 @@ impl Device {
 
     /// Frames pinned on the device.
     pub(crate) fn frames_pinned(&self) -> u64 {
-        self.frames.lock().flags.iter().filter(|f| **f & F_PINNED != 0).count() as u64
+        self.pool().pinned
     }
 
     /// Frames parked here by peers.
     pub(crate) fn frames_lent(&self) -> u64 {
-        self.frames.lock().flags.iter().filter(|f| **f & F_LENT != 0).count() as u64
+        self.pool().lent
     }
 }
 

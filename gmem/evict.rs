@@ -182,7 +182,7 @@ fn evict_victim(dev: &Device, frame: u32, who: &Owner, peer: &Option<Arc<Device>
     let i = who.page as usize;
     // A page that holds a frame has a block.
     let Some(blk) = region.block_if_any(i) else { return Ok(0) };
-    let mut p = blk.pages.lock();
+    let mut p = region.lock(&blk);
     if region.is_dead() {
         return Ok(0);
     }
@@ -289,7 +289,7 @@ fn write_back_parked(dev: &Device) {
         let region = &who.region;
         let i = who.page as usize;
         let Some(blk) = region.block_if_any(i) else { continue };
-        let mut p = blk.pages.lock();
+        let mut p = region.lock(&blk);
         if region.is_dead() {
             continue;
         }

@@ -137,7 +137,7 @@ pub(crate) fn cpu_transition(s: PageState, write: bool) -> core::result::Result<
 fn cpu_fault(region: &Arc<Region>, vmf: *mut bindings::vm_fault, addr: usize, write: bool) -> Result<bindings::vm_fault_t> {
     let i = region.index(addr).ok_or(EFAULT)?;
     let block = region.block(i)?;
-    let mut p = block.pages.lock();
+    let mut p = region.lock(&block);
     if region.is_dead() {
         return Err(EFAULT);
     }
@@ -330,7 +330,7 @@ fn fault_pages(
     let mut next_page = 0;
     let mut attempts = 0;
     while next_page < idx.len() {
-        let mut p = block.pages.lock();
+        let mut p = r.lock(&block);
         if r.is_dead() {
             return Err(EFAULT);
         }

@@ -397,6 +397,7 @@ pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outco
             ops.unmap(ctx, va, n as u64);
             ops.tlb_invalidate(ctx, va, n as u64);
             DevStats::add(&dev.stats.unmap_calls, 1);
+            DevStats::add(&dev.stats.tlb_calls, 1);
         });
     }
 
@@ -621,7 +622,7 @@ pub(crate) fn teardown(region: &Arc<Region>) {
         let env = Env::background(region);
         let mut from = 0;
         while let Some(block) = region.next_block(from) {
-            let mut p = block.pages.lock();
+            let mut p = region.lock(&block);
             from = p.range().end;
             let r = p.range();
             if let Err(e) = apply_range(&env, &mut p, r.start, r.end, Event::Free, EINVAL) {
@@ -659,7 +660,7 @@ pub(crate) fn evacuate(region: &Arc<Region>, dev: &Device, lose: bool) -> Evacua
     let mut host_short = false;
     let mut from = 0;
     while let Some(block) = region.next_block(from) {
-        let mut p = block.pages.lock();
+        let mut p = region.lock(&block);
         let range = p.range();
         from = range.end;
         // A region being torn down is evacuated too: teardown marks it dead first and

@@ -23,7 +23,7 @@ pub(crate) fn on_fault(dev: &Arc<Device>, r: &Arc<Region>, vma: Option<&VmaRef>,
     let d = dev.id as u8;
     let Some(first) = r.index(core::cmp::max(block_va, r.start)) else { return };
     let Ok(block) = r.block(first) else { return };
-    let mut p = block.pages.lock();
+    let mut p = r.lock(&block);
     if r.is_dead() || !dev.alive() {
         return;
     }

@@ -328,6 +328,14 @@ impl Region {
         d.slots.get(b / LEAF_BLOCKS)?.as_ref()?.get(b % LEAF_BLOCKS)?.clone()
     }
 
+    /// Locks block `b` of this region for a fault, advice, migration or eviction, counting
+    /// the acquisition (`block_locks` of the space in debugfs; the debugfs census itself
+    /// takes the lock directly and is not counted).
+    pub(crate) fn lock<'a>(&self, b: &'a Block) -> kernel::sync::MutexGuard<'a, Pages> {
+        Space::count(&self.space.stats.block_locks);
+        b.pages.lock()
+    }
+
     /// The block of page `i`, created on first use (`ENOMEM` if it cannot be; `EFAULT`
     /// past the end).
     pub(crate) fn block(&self, i: usize) -> Result<Arc<Block>> {

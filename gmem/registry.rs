@@ -229,7 +229,18 @@ mod tests {
             got.push(a.alloc_frame().expect("frame"), GFP_KERNEL).expect("push");
         }
         assert_eq!(a.alloc_frame().err(), Some(ENOSPC));
+        // Pinned and lent counts are kept as flags change, not recounted.
+        a.set_flags(got[2], crate::policy::evict::F_PINNED | crate::policy::evict::F_LENT);
+        a.set_flags(got[3], crate::policy::evict::F_PINNED);
+        assert_eq!((a.frames_pinned(), a.frames_lent()), (2, 1));
+        a.set_flags(got[3], crate::policy::evict::F_PINNED);
+        assert_eq!(a.frames_pinned(), 2);
+        a.free_frame(got[2]);
+        assert_eq!((a.frames_pinned(), a.frames_lent()), (1, 0));
         a.free_frame(got[3]);
+        assert_eq!((a.frames_pinned(), a.frames_lent()), (0, 0));
+        // Next-fit from the wrapped cursor: the lower free frame first.
+        assert_eq!(a.alloc_frame().ok(), Some(got[2]));
         assert_eq!(a.alloc_frame().ok(), Some(got[3]));
         assert_eq!(a.frames_used(), 8);
         let x = insert(test_driver(), 1).expect("insert x");

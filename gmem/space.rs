@@ -28,6 +28,8 @@ pub(crate) struct SpaceStats {
     pub(crate) dev_faults: AtomicU64,
     /// CPU page-table zaps by the block executor (one per run of consecutive pages).
     pub(crate) cpu_zaps: AtomicU64,
+    /// Block-lock acquisitions (`Region::lock`).
+    pub(crate) block_locks: AtomicU64,
 }
 
 #[pin_data(PinnedDrop)]

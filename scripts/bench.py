@@ -253,6 +253,19 @@ def markdown(d):
         if p2 and p2.get("ns_per_page"):
             L.append(f"P2 costs {st(p2.get('ns_per_page'))} ns per page.")
         L.append("")
+    # Executor work per migrated page (driver calls, zaps, lock acquisitions).
+    work = [(name, r.get("per_migrated_page")) for name, r in (
+        ("P1 device faults, prefetch=0", p1.get("on_demand_prefetch0")),
+        ("P1 device faults, prefetch=1 (default)", p1.get("on_demand_prefetch1")),
+        ("P1 explicit PREFETCH", p1.get("explicit_prefetch")),
+        ("P2 CPU faults (incl. first-touch placement)", p2),
+        ("P3 round trip, device writes", (d.get("p3") or {}).get("gmem_dirty"))) if r and r.get("per_migrated_page")]
+    if work:
+        keys = ("copy_calls", "map_calls", "map_2m", "tlb_flushes", "cpu_zaps", "block_locks", "pool_locks", "lock_acquisitions")
+        L.append("Work per migrated page (counters of the timed runs / pages moved per run):")
+        L.append("")
+        L.append(table([""] + [k.replace("_", " ") for k in keys], [[n] + [f(w.get(k)) for k in keys] for n, w in work]))
+        L.append("")
     prof = p1.get("fault_cost_by_batch_size")
     if prof:
         L.append("Device-fault migration cost against the fault batch size (prefetch=0; CHECKSUM launches over k "

@@ -229,6 +229,9 @@ struct Cell {
     /// Summed GMEM_SIM_IOC_INFO deltas (both devices) of the timed runs.
     copies: u64,
     tlb_flushes: u64,
+    /// Summed deltas of this process's space counters (debugfs `spaces`).
+    block_locks: u64,
+    cpu_zaps: u64,
     /// Summed launch outcomes.
     faults: u64,
     batches: u64,
@@ -251,6 +254,22 @@ impl Cell {
     /// Per page of `pages` per run.
     fn per_page(&self, x: u64, pages: usize) -> f64 {
         x as f64 / self.runs.max(1) as f64 / pages as f64
+    }
+
+    /// The executor's work per migrated page (`pages` per run): driver calls, CPU zaps
+    /// and lock acquisitions (block locks of this process's space, frame-pool locks of
+    /// every device).
+    fn work_per_page(&self, pages: usize) -> Json {
+        let pool = all_devs(&self.counters, "locks.pool");
+        Json::obj()
+            .with("copy_calls", self.per_page(all_devs(&self.counters, "driver_calls.copy"), pages))
+            .with("map_calls", self.per_page(all_devs(&self.counters, "driver_calls.map"), pages))
+            .with("map_2m", self.per_page(all_devs(&self.counters, "driver_calls.map_2m"), pages))
+            .with("tlb_flushes", self.per_page(self.tlb_flushes, pages))
+            .with("cpu_zaps", self.per_page(self.cpu_zaps, pages))
+            .with("block_locks", self.per_page(self.block_locks, pages))
+            .with("pool_locks", self.per_page(pool, pages))
+            .with("lock_acquisitions", self.per_page(self.block_locks + pool, pages))
     }
 }
 
@@ -279,11 +298,13 @@ impl Bench {
 
     /// Runs `f` (one repetition); if `timed`, adds the counters it moved to `cell`.
     fn counted<T>(&self, cell: &mut Cell, timed: bool, f: impl FnOnce() -> R<T>) -> R<T> {
-        let (c0, (a0, b0)) = (counters(), self.sim_infos());
+        let (c0, (a0, b0), s0) = (counters(), self.sim_infos(), sys::own_space());
         let v = f()?;
         if timed {
-            let (c1, (a1, b1)) = (counters(), self.sim_infos());
+            let (c1, (a1, b1), s1) = (counters(), self.sim_infos(), sys::own_space());
             add_counters(&mut cell.counters, &delta(&c0, &c1));
+            cell.block_locks += s1.0.saturating_sub(s0.0);
+            cell.cpu_zaps += s1.1.saturating_sub(s0.1);
             cell.copies += (a1.copies - a0.copies) + (b1.copies - b0.copies);
             cell.tlb_flushes += (a1.tlb_flushes - a0.tlb_flushes) + (b1.tlb_flushes - b0.tlb_flushes);
             cell.runs += 1;
@@ -443,6 +464,7 @@ impl Bench {
                 .with("copy_calls_per_page", c.per_page(all_devs(&c.counters, "driver_calls.copy"), pages))
                 .with("map_calls_per_page", c.per_page(all_devs(&c.counters, "driver_calls.map"), pages))
                 .with("tlb_flushes_per_page", c.per_page(c.tlb_flushes, pages))
+                .with("per_migrated_page", c.work_per_page(pages))
                 .with("counters", counters_json(&c.counters));
             if !explicit {
                 j.set("compute_s", c.stat("compute_s"));
@@ -555,6 +577,8 @@ impl Bench {
             .with("ns_per_page", c.stat("ns_per_page"))
             .with("paired_baseline_mbs", c.stat("baseline_bw"))
             .with("d2h_per_page", c.per_page(get(&c.counters, self.d0 as u32, "migrated.d2h"), np))
+            // Includes placing the pages (the device's first-touch zero fill) before the reads.
+            .with("per_migrated_page", c.work_per_page(np))
             .with("counters", counters_json(&c.counters)))
     }
 
@@ -661,7 +685,8 @@ impl Bench {
                     .with("d2h_per_page", c.per_page(get(&c.counters, self.d0 as u32, "migrated.d2h"), np))
                     .with("pages_copied_per_page", c.per_page(c.copies, np))
                     .with("copy_calls_per_page", c.per_page(all_devs(&c.counters, "driver_calls.copy"), np))
-                    .with("tlb_flushes_per_page", c.per_page(c.tlb_flushes, np)),
+                    .with("tlb_flushes_per_page", c.per_page(c.tlb_flushes, np))
+                    .with("per_migrated_page", c.work_per_page(np)),
             );
         }
         match dm {
@@ -830,6 +855,7 @@ impl Bench {
                             .with("copies_per_page", cell.per_page(cell.copies, pages))
                             .with("copy_calls_per_page", cell.per_page(all_devs(&cell.counters, "driver_calls.copy"), pages))
                             .with("tlb_flushes_per_page", cell.per_page(cell.tlb_flushes, pages))
+                            .with("per_migrated_page", cell.work_per_page(pages))
                             .with("counters", counters_json(&cell.counters));
                         if *kind == "touch" {
                             r.set("touches", touch_count);

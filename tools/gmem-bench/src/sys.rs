@@ -127,6 +127,16 @@ pub fn counters_json(c: &Counters) -> Json {
     o
 }
 
+/// This process's space counters `(block_locks, cpu_zaps)` (zeros if it has no space yet).
+pub fn own_space() -> (u64, u64) {
+    let pid = std::process::id().to_string();
+    let num = |m: &BTreeMap<String, String>, k: &str| m.get(k).and_then(|v| v.parse().ok()).unwrap_or(0);
+    spaces()
+        .iter()
+        .find(|m| m.get("pid") == Some(&pid))
+        .map_or((0, 0), |m| (num(m, "block_locks"), num(m, "cpu_zaps")))
+}
+
 /// One line of `/sys/kernel/debug/gmem/spaces`, as `key -> value` (numbers kept as text).
 pub fn spaces() -> Vec<BTreeMap<String, String>> {
     let text = std::fs::read_to_string("/sys/kernel/debug/gmem/spaces").unwrap_or_default();
