@@ -179,6 +179,10 @@ unsafe extern "C" fn op_map(drv: *mut c_void, ctx: *mut c_void, ptes: *const Gme
     let before = (pt.valid, pt.huge, pt.splits);
     let mut r = 0;
     for p in ptes {
+        if p.flags & !GMEM_PTE_2M != 0 {
+            r = EINVAL.to_errno();
+            break;
+        }
         let huge = p.flags & GMEM_PTE_2M != 0;
         let t = if p.host.is_null() {
             // A 2 MiB entry needs 512 aligned frames of the pool and an aligned address.
@@ -189,7 +193,7 @@ unsafe extern "C" fn op_map(drv: *mut c_void, ctx: *mut c_void, ptes: *const Gme
                 break;
             }
             Target::Frame(p.frame)
-        } else if huge || p.flags != 0 {
+        } else if huge {
             r = EINVAL.to_errno();
             break;
         } else {

@@ -48,7 +48,10 @@ pub(crate) fn encode(t: Target, writable: bool) -> u64 {
 
 /// One 2 MiB block of the page table: either 512 entries of 4 KiB, or one 2 MiB entry
 /// (`huge` valid, frame-aligned to 512). The 4 KiB table stays allocated under a 2 MiB
-/// entry (zeroed), so that splitting one never allocates: `unmap` cannot fail.
+/// entry, so that splitting one never allocates (`unmap` cannot fail); meanwhile it holds
+/// only each page's accessed bit, so that gmem's replacement still sees which pages of
+/// the block the device used (one bit for all 512 would let the first test clear it for
+/// the others).
 struct Leaf {
     ptes: KBox<[u64; LEAF]>,
     /// 0, or the 2 MiB entry (encoded like a frame PTE of its first frame).
@@ -59,8 +62,9 @@ impl Leaf {
     /// The 4 KiB entry of page `k` of the block, whichever way it is mapped.
     fn get(&self, k: usize) -> u64 {
         if self.huge & PTE_VALID != 0 {
-            // Page k of a 2 MiB entry is frame `base + k`; flags are the entry's.
-            self.huge + ((k as u64) << 12)
+            // Page k of a 2 MiB entry is frame `base + k`; flags are the entry's, the
+            // accessed bit the page's own.
+            (self.huge & !PTE_ACCESSED) + ((k as u64) << 12) | (self.ptes[k] & PTE_ACCESSED)
         } else {
             self.ptes[k]
         }
@@ -93,29 +97,27 @@ impl PageTable {
         Some(&mut self.dir[i].1)
     }
 
-    /// The accessed bit's home for `va`: the 2 MiB entry, or the 4 KiB one.
-    fn acc_slot(&mut self, va: u64) -> Option<&mut u64> {
+    /// The slot holding `va`'s accessed bit (its 4 KiB entry, or under a 2 MiB entry the
+    /// page's shadow slot) and whether `va` is mapped at all.
+    fn acc_slot(&mut self, va: u64) -> Option<(&mut u64, bool)> {
         let l = self.leaf_mut(va)?;
-        if l.huge & PTE_VALID != 0 {
-            Some(&mut l.huge)
-        } else {
-            Some(&mut l.ptes[((va >> 12) as usize) % LEAF])
-        }
+        let huge = l.huge & PTE_VALID != 0;
+        let s = &mut l.ptes[((va >> 12) as usize) % LEAF];
+        let mapped = huge || *s & PTE_VALID != 0;
+        Some((s, mapped))
     }
 
     /// Marks a valid PTE accessed (the device just used it).
     pub(crate) fn touch(&mut self, va: u64) {
-        if let Some(s) = self.acc_slot(va) {
-            if *s & PTE_VALID != 0 {
-                *s |= PTE_ACCESSED;
-            }
+        if let Some((s, true)) = self.acc_slot(va) {
+            *s |= PTE_ACCESSED;
         }
     }
 
-    /// Tests and clears the accessed bit (a 2 MiB entry has one for all its pages).
+    /// Tests and clears the page's accessed bit (per 4 KiB page, under a 2 MiB entry too).
     pub(crate) fn test_clear_accessed(&mut self, va: u64) -> bool {
         match self.acc_slot(va) {
-            Some(s) if *s & PTE_ACCESSED != 0 => {
+            Some((s, _)) if *s & PTE_ACCESSED != 0 => {
                 *s &= !PTE_ACCESSED;
                 true
             }
@@ -144,7 +146,7 @@ impl PageTable {
             return;
         }
         for k in 0..LEAF {
-            l.ptes[k] = l.huge + ((k as u64) << 12);
+            l.ptes[k] = l.get(k);
         }
         l.huge = 0;
         *valid += LEAF as u64;
@@ -177,7 +179,8 @@ impl PageTable {
             if *e & PTE_VALID != 0 {
                 valid -= 1;
             }
-            *e = 0;
+            // Only the accessed bit stays, as the page's shadow under the 2 MiB entry.
+            *e &= PTE_ACCESSED;
         }
         if l.huge & PTE_VALID == 0 {
             huge += 1;
@@ -202,6 +205,7 @@ impl PageTable {
                 let l = &mut self.dir[i].1;
                 if l.huge & PTE_VALID != 0 && v & ((1 << 21) - 1) == 0 && stop == block_end {
                     l.huge = 0;
+                    l.ptes.fill(0);
                     huge -= 1;
                     n2m += 1;
                 } else {
@@ -283,16 +287,21 @@ mod tests {
         assert_eq!((pt.valid, pt.huge), (1, 1));
         assert_eq!(decode(pt.lookup(0x20_0000)), Some((Target::Frame(1024), false)));
         assert_eq!(decode(pt.lookup(0x3f_f000)), Some((Target::Frame(1535), false)));
-        // One accessed bit for the block.
+        // Accessed bits stay per page under the 2 MiB entry, and survive a split.
         pt.touch(0x30_0000);
-        assert!(pt.test_clear_accessed(0x20_1000));
+        pt.touch(0x20_4000);
+        assert!(!pt.test_clear_accessed(0x20_1000));
+        assert!(pt.test_clear_accessed(0x30_0000));
         assert!(!pt.test_clear_accessed(0x30_0000));
+        assert_eq!(decode(pt.lookup(0x20_4000)), Some((Target::Frame(1028), false)));
         // Unmapping one page splits: the other 511 keep their frames.
         assert_eq!(pt.clear(0x20_5000, 1), (1, 0));
         assert_eq!((pt.valid, pt.huge, pt.splits), (1 + 511, 0, 1));
         assert_eq!(pt.lookup(0x20_5000), 0);
         assert_eq!(decode(pt.lookup(0x20_4000)), Some((Target::Frame(1028), false)));
         assert_eq!(decode(pt.lookup(0x20_6000)), Some((Target::Frame(1030), false)));
+        // The accessed bit survives the split.
+        assert!(pt.test_clear_accessed(0x20_4000));
         // Promotion again, then a 4 KiB map inside it splits it too.
         pt.set_huge(0x20_0000, encode(Target::Frame(1024), true)).expect("huge");
         assert_eq!((pt.valid, pt.huge), (1, 1));

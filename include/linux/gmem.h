@@ -91,7 +91,9 @@ struct gmem_dev_ops {
 	/*
 	 * Optional: test and clear the device's accessed bit of the PTE at @va in @ctx.
 	 * Returns 1 if the device touched the page since the last call, 0 if not (or unmapped).
-	 * A 2 MiB entry has one accessed bit for all of its pages.
+	 * Pages under a 2 MiB entry are asked about one by one and must answer for
+	 * themselves: hardware with one bit per 2 MiB entry must shadow it per page (else
+	 * the first test would clear it for all 512 and the rest would look unused).
 	 * Feeds gmem's replacement order (second chance) and prefetch accounting.
 	 */
 	int (*test_clear_accessed)(void *drv, void *ctx, __u64 va);

@@ -195,7 +195,8 @@ fn killed_within_bound(what: &str, launch: fn() -> i32) -> TestResult {
 }
 
 fn sim_launch_is_killable() -> TestResult {
-    let before = ok!(ok!(libgmem::sim::Sim::open(0).map_err(libgmem::Errno::from)).info()).ptes;
+    let i0 = ok!(ok!(libgmem::sim::Sim::open(0).map_err(libgmem::Errno::from)).info());
+    let before = (i0.ptes, i0.ptes_2m);
     killed_within_bound("TOUCH count=2^64-1", || {
         let Ok((g, s)) = open() else { return 10 };
         let Ok(r) = g.alloc(64 * 4096) else { return 11 };
@@ -210,7 +211,8 @@ fn sim_launch_is_killable() -> TestResult {
     })?;
     // The killed launches left no PTE behind, and the device works afterwards.
     let (g, s) = open()?;
-    ensure!(ok!(s.info()).ptes == before, "device PTEs left after the killed launches");
+    let i1 = ok!(s.info());
+    ensure!((i1.ptes, i1.ptes_2m) == before, "device PTEs left after the killed launches");
     let r = ok!(g.alloc(1 << 20));
     ok!(s.fill(r.addr, r.len as u64, 9));
     let expect: Vec<u32> = (0..r.len as u32 / 4).map(|i| 9 + i).collect();

@@ -125,7 +125,8 @@ fn two_devices_one_space() -> TestResult {
 
 fn munmap_with_pages_on_device() -> TestResult {
     let (g, s) = open()?;
-    let before = ok!(s.info()).ptes;
+    let i0 = ok!(s.info());
+    let (before, before_2m) = (i0.ptes, i0.ptes_2m);
     let r = ok!(g.alloc(MIB));
     ok!(s.fill(r.addr, r.len as u64, 1));
     ensure!(ok!(s.info()).ptes == before + 256, "device PTEs not installed");
@@ -134,7 +135,8 @@ fn munmap_with_pages_on_device() -> TestResult {
     ensure!(rc == 0, "munmap failed");
     let addr = r.leak();
     expect_errno!(g.query(addr, 1), libc::ENOENT);
-    ensure!(ok!(s.info()).ptes == before, "device PTEs left after munmap");
+    let i = ok!(s.info());
+    ensure!(i.ptes == before && i.ptes_2m == before_2m, "device PTEs left after munmap");
     Ok(())
 }
 

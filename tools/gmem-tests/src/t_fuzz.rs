@@ -2672,7 +2672,7 @@ fn after_fuzz() -> TestResult {
     for d in 0..NDEV {
         let s = libgmem::sim::Sim::open(d).map_err(|e| format!("open sim{d}: {e}"))?;
         let i = ok!(s.info());
-        ensure!(i.ptes == 0, "sim{d}: {} PTEs left with no process using GMEM", i.ptes);
+        ensure!(i.ptes == 0 && i.ptes_2m == 0, "sim{d}: {} 4 KiB and {} 2 MiB PTEs left with no process using GMEM", i.ptes, i.ptes_2m);
     }
     let g = Gmem::open().map_err(|e| e.to_string())?;
     ensure!(ok!(g.version()).nr_devices as usize == NDEV, "devices missing after the fuzz");

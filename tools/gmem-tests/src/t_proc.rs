@@ -67,7 +67,8 @@ fn fork_child_does_not_inherit() -> TestResult {
 
 fn exit_with_pages_on_device() -> TestResult {
     let (_, s) = open()?;
-    let before = ok!(s.info()).ptes;
+    let i0 = ok!(s.info());
+    let before = (i0.ptes, i0.ptes_2m);
     let code = child_exit(|| {
         let Ok((g, s)) = open() else { return 10 };
         let Ok(r) = g.alloc(1 << 20) else { return 11 };
@@ -78,7 +79,8 @@ fn exit_with_pages_on_device() -> TestResult {
         0 // exit without FREE: the kernel tears the region down
     });
     ensure!(code == 0, "child failed: {code}");
-    ensure!(ok!(s.info()).ptes == before, "device PTEs left after child exit");
+    let i1 = ok!(s.info());
+    ensure!((i1.ptes, i1.ptes_2m) == before, "device PTEs left after child exit");
     Ok(())
 }
 
