@@ -20,7 +20,7 @@ GUEST_TIMEOUT_debug := 1800
 # only=P1+P4, smoke).
 GUEST_TIMEOUT_bench := 1200
 BENCH_ARGS ?=
-SUITES := gmem_layout gmem_registry gmem_fault gmem_region gmem_page_state gmem_sim_pt
+SUITES := gmem_layout gmem_devices gmem_driver_abi gmem_fault gmem_region gmem_page_state gmem_sim_pt
 USER_BINS := gmem-tests gmem-demo gmem-bench
 # The C example is built with gcc unless CC is given (make's built-in default "cc" is not).
 ifeq ($(origin CC),default)
@@ -58,6 +58,8 @@ initramfs: modules user
 
 host-test: deps
 	@mkdir -p $(B)
+	@echo "[host] module layering (scripts/check-layers.py)"
+	@python3 scripts/check-layers.py
 	@echo "[host] cargo test (pure policy code, libgmem)"
 	@set -o pipefail; cargo test --workspace 2>&1 | tee $(B)/cargo-test.log | grep -E '^test result|FAILED|panicked|error' || true
 

@@ -2,7 +2,7 @@
 /*
  * C side of gmem.ko: exports the Rust core's C-ABI functions (include/linux/gmem.h) to other
  * modules, and records the C layout of the kernel and ABI structs the Rust code relies on,
- * so that gmem/layout.rs can compare it with bindgen's view at load time.
+ * so that gmem/entry/layout.rs can compare it with bindgen's view at load time.
  * This file has no module_init: the module's entry points are in gmem_main.rs.
  */
 #include <linux/export.h>
@@ -125,7 +125,7 @@ bool gmem_fatal_signal_pending(void)
 	return fatal_signal_pending(current);
 }
 
-/* Kernel structs, in the order of KERNEL_LAYOUT in gmem/layout.rs. */
+/* Kernel structs, in the order of KERNEL_LAYOUT in gmem/entry/layout.rs. */
 const unsigned long gmem_c_kernel_layout[] = {
 	sizeof(struct task_struct),
 	offsetof(struct task_struct, mm),

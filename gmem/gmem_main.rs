@@ -1,27 +1,23 @@
 // SPDX-License-Identifier: GPL-2.0
 //! GMEM: one virtual address space for the CPU and accelerators.
 //!
-//! Crate root of gmem.ko. Where things are:
-//! - `chardev`  — `/dev/gmem`: the user API (ioctls) and the mmap contract
-//! - `space`    — per-process address space: regions by address, device contexts
-//! - `region`   — one allocation: per-page residency (16 bytes/page), advice
-//! - `meta`     — failable zero-filled per-page metadata arrays
-//! - `fault`    — where faults go: CPU `.fault` handler and `gmem_dev_fault()` batches
-//! - `access`   — ptrace / /proc/PID/mem access (GMEM VMAs refuse GUP: VM_IO)
-//! - `host_page`— host pages: memcg-charged, fail instead of OOM-killing
-//! - `migrate`  — carries out the page-state machine's decisions (copy, map, unmap, free)
-//! - `advise`   — GMEM_IOC_ADVISE: hints, prefetch/pin/dontneed, async fences
-//! - `pin_quota`— PIN charged to RLIMIT_MEMLOCK (pinned_vm)
-//! - `registry` — accelerator drivers register here (C ABI of `include/linux/gmem.h`)
-//! - `device`   — a registered device: ops trait + C adapter, central frame allocator, rmap
-//! - `evict`    — overcommit: replacement, 2 MiB victims, peer tier, pre-eviction worker
-//! - `prefetch` — density prefetch on device faults
-//! - `tune`     — run-time switches (debugfs `control`)
-//! - `wq`       — gmem's own workqueue
-//! - `sched`    — cond_resched / fatal-signal checks for long loops
-//! - `policy`   — the pure `no_std` policy code of `policy/` (host-tested)
-//! - `debugfs`  — counters and residency in /sys/kernel/debug/gmem
-//! - `layout`   — load-time check that bindgen's struct layouts match C's
+//! Crate root of gmem.ko. The modules are layered; each uses only its own layer and the
+//! layers below it (`scripts/check-layers.sh`, run by `make check`, enforces it):
+//!
+//! - `entry`  — entry points: `/dev/gmem` ioctls and mmap (`chardev`, `advise`), the VMA
+//!   callbacks (`vm_ops`), the driver C ABI (`registry`), debugfs (`debugfs`, `control`),
+//!   the load-time layout check (`layout`)
+//! - `mech`   — mechanisms: fault service (`fault`), ptrace access (`access`), density
+//!   prefetch (`prefetch`), eviction and overcommit (`evict`), unregistration's evacuation
+//!   (`evacuate`), region teardown (`teardown`)
+//! - `exec`   — the block executor (`migrate`): the only code that calls a driver's
+//!   `copy`, `map`, `unmap` and `tlb_invalidate`
+//! - `obj`    — objects: address spaces (`space`), regions and their blocks (`region`),
+//!   devices and their frame pools (`device`), the device table (`devices`), host pages,
+//!   per-page metadata, the pin quota, run-time switches (`tune`), gmem's workqueue, and
+//!   the cond_resched helper. Object types refer to each other (a region's back pointer
+//!   to its space, a frame's owner region); nothing here calls up into a mechanism.
+//! - `policy` — the pure `no_std` policy code of `policy/` (host-tested)
 //!
 //! Lock order: see Documentation/design.rst.
 
@@ -32,26 +28,50 @@ use kernel::{
 
 #[path = "../include/rust/gmem_abi.rs"]
 mod abi;
-mod access;
-mod advise;
-mod chardev;
-mod debugfs;
-mod device;
-mod evict;
-mod fault;
-mod host_page;
-mod layout;
-mod meta;
-mod migrate;
-mod pin_quota;
 mod policy;
-mod prefetch;
-mod region;
-mod registry;
-mod sched;
-mod space;
-mod tune;
-mod wq;
+
+/// Entry points (top layer).
+mod entry {
+    pub(crate) mod advise;
+    pub(crate) mod chardev;
+    pub(crate) mod control;
+    pub(crate) mod debugfs;
+    pub(crate) mod layout;
+    pub(crate) mod registry;
+    pub(crate) mod vm_ops;
+}
+
+/// Mechanisms: what faults, advice, eviction and unregistration do.
+mod mech {
+    pub(crate) mod access;
+    pub(crate) mod evacuate;
+    pub(crate) mod evict;
+    pub(crate) mod fault;
+    pub(crate) mod prefetch;
+    pub(crate) mod teardown;
+}
+
+/// The block executor.
+mod exec {
+    pub(crate) mod migrate;
+}
+
+/// Objects.
+mod obj {
+    pub(crate) mod device;
+    pub(crate) mod devices;
+    pub(crate) mod host_page;
+    pub(crate) mod meta;
+    pub(crate) mod pin_quota;
+    pub(crate) mod region;
+    pub(crate) mod sched;
+    pub(crate) mod space;
+    pub(crate) mod tune;
+    pub(crate) mod wq;
+}
+
+use entry::{chardev, debugfs, layout};
+use obj::{devices, space, wq};
 
 module! {
     type: GmemModule,
@@ -83,7 +103,7 @@ impl kernel::InPlaceModule for GmemModule {
     fn init(_module: &'static ThisModule) -> impl PinInit<Self, Error> {
         pin_init::pin_init_scope(|| {
             layout::check()?;
-            registry::init();
+            devices::init();
             space::init();
             pr_info!("loaded (uapi v{})\n", chardev::UAPI_VERSION);
             Ok(try_pin_init!(Self {

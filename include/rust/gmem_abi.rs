@@ -2,7 +2,7 @@
 //! Rust mirror of `include/linux/gmem.h`, the C driver ABI of gmem.ko.
 //!
 //! Shared (by `#[path]`) by gmem.ko and the Rust drivers. gmem.ko checks at load time that
-//! every size and offset here equals the C compiler's (see `gmem/layout.rs`).
+//! every size and offset here equals the C compiler's (see `gmem/entry/layout.rs`).
 #![allow(dead_code, unreachable_pub)]
 
 use kernel::bindings;

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: GPL-2.0
-//! The block executor (`gmem/migrate.rs`, `apply_batch`): a batch of pages moves with one
+//! The block executor (`gmem/exec/migrate.rs`, `apply_batch`): a batch of pages moves with one
 //! driver call per kind of work, and a copy that fails half way through a batch leaves
 //! every page of it valid, with its data.
 

@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 /// also on the debug kernel: the fuzz is bounded by time, never by a number of calls.
 pub const FUZZ_SECS: u64 = 60;
 /// ALLOC and mmap sizes above 64 GiB, up to `GMEM_MAX_ALLOC` (1 TiB). They must fail with
-/// ENOMEM (per-page metadata, gmem/meta.rs) or succeed, never OOM-kill (the judge fails
+/// ENOMEM (per-page metadata, gmem/obj/meta.rs) or succeed, never OOM-kill (the judge fails
 /// the run on any OOM kill). (Sizes beyond 1 TiB, which must give E2BIG/EINVAL, are
 /// always fuzzed.)
 const HUGE_SIZES: bool = true;

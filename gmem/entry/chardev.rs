@@ -7,12 +7,12 @@
 //! One open file = one handle on the calling process's address space (`space.rs`). Lock
 //! order: `alloc_lock` -> mmap lock -> `pending`; `fences` is a leaf.
 
-use crate::advise::{self, Advice, Fence};
-use crate::fault;
+use crate::entry::advise::{self, Advice, Fence};
+use crate::entry::vm_ops;
 use crate::policy::{page_state::PageState, range};
-use crate::region::{adv, Region, PAGE_SIZE};
-use crate::registry;
-use crate::space::{self, Space};
+use crate::obj::region::{adv, Region, PAGE_SIZE};
+use crate::obj::devices;
+use crate::obj::space::{self, Space};
 use kernel::{
     bindings,
     error::to_result,
@@ -155,7 +155,7 @@ impl GmemFile {
     fn version(&self, arg: usize) -> Result {
         let (mut v, mut w) = read_arg::<Version>(arg)?;
         v.version = UAPI_VERSION;
-        v.nr_devices = registry::count() as u32;
+        v.nr_devices = devices::count() as u32;
         w.write(&v)
     }
 
@@ -174,7 +174,7 @@ impl GmemFile {
             advise::HOST => adv::PREF_HOST << adv::PREF_SHIFT,
             d => {
                 let id = usize::try_from(d).map_err(|_| EINVAL)?;
-                registry::get(id).filter(|d| d.alive()).ok_or(ENODEV)?;
+                devices::get(id).filter(|d| d.alive()).ok_or(ENODEV)?;
                 (id as u32 + 1) << adv::PREF_SHIFT
             }
         };
@@ -348,7 +348,7 @@ impl MiscDevice for GmemFile {
         vma.set_dontcopy();
         vma.set_dontdump();
         // SAFETY: the VMA is ours and under construction.
-        unsafe { fault::attach(vma.as_ptr(), region) };
+        unsafe { vm_ops::attach(vma.as_ptr(), region) };
         Ok(())
     }
 

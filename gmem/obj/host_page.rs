@@ -52,7 +52,7 @@ impl HostPage {
     pub(crate) fn zero(&self) {
         let m = self.map();
         // SAFETY: the mapping covers one page.
-        unsafe { core::ptr::write_bytes(m.ptr(), 0, crate::region::PAGE_SIZE) };
+        unsafe { core::ptr::write_bytes(m.ptr(), 0, kernel::page::PAGE_SIZE) };
     }
 
     /// The page mapped into the kernel's address space while the guard lives.

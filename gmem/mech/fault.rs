@@ -6,118 +6,26 @@
 //! Both end in the block executor with the block's lock held. Also here: the other VMA
 //! callbacks (open/close/may_split/mremap) that tie a region's life to its VMA.
 
-use crate::abi::{GmemDevHandle, GmemSpaceHandle, GMEM_ACCESS_READ, GMEM_ACCESS_WRITE};
-use crate::device::{DevStats, Device};
-use crate::migrate::{self, Env};
+use crate::obj::device::{DevStats, Device};
+use crate::exec::migrate::{self, Env};
 use crate::policy::batch;
-use crate::evict::{self, Why};
+use crate::mech::evict::{self, Why};
 use crate::policy::page_state::{transition, Actions, Copy, Event, Loc, PageState, Refused, Target};
 use crate::policy::thrash::{ThrashParams, Verdict};
-use crate::{prefetch, tune};
+use crate::mech::prefetch;
+use crate::obj::tune;
 use core::sync::atomic::Ordering::Relaxed;
-use crate::region::{adv, Pages, Region, ADVICE_RUNS};
+use crate::obj::region::{adv, Pages, Region, ADVICE_RUNS};
 use crate::policy::range::AdviceMap;
-use crate::space::{self, Space, Thrash};
+use crate::obj::space::{Space, Thrash};
 use kernel::{
     bindings,
-    ffi::{c_int, c_ulong, c_void},
+    ffi::c_ulong,
     prelude::*,
-    sync::{Arc, ArcBorrow},
+    sync::Arc,
 };
 
-/// Largest batch a driver may report at once.
-pub(crate) const MAX_BATCH: u32 = 4096;
 
-/// The VMA callbacks of every GMEM region.
-pub(crate) static VM_OPS: bindings::vm_operations_struct = bindings::vm_operations_struct {
-    open: Some(vm_open),
-    close: Some(vm_close),
-    may_split: Some(vm_may_split),
-    mremap: Some(vm_mremap),
-    fault: Some(vm_fault),
-    access: Some(vm_access),
-    // SAFETY: all-zero is a valid `vm_operations_struct` (every other callback absent).
-    ..unsafe { core::mem::zeroed() }
-};
-
-/// The region of a GMEM VMA.
-///
-/// # Safety
-/// `vma` must be a live GMEM VMA: `vm_private_data` holds an `Arc<Region>` reference
-/// (taken in mmap or `vm_open`, given back in `vm_close`).
-unsafe fn region_of<'a>(vma: *mut bindings::vm_area_struct) -> ArcBorrow<'a, Region> {
-    // SAFETY: by the function's contract.
-    unsafe { ArcBorrow::from_raw((*vma).vm_private_data.cast::<Region>().cast_const()) }
-}
-
-/// Stores a region reference in a VMA being set up.
-///
-/// # Safety
-/// `vma` must be a VMA under construction by our mmap handler.
-pub(crate) unsafe fn attach(vma: *mut bindings::vm_area_struct, region: Arc<Region>) {
-    // SAFETY: the VMA is being set up under the mmap write lock; we own these fields.
-    unsafe {
-        (*vma).vm_ops = &VM_OPS;
-        (*vma).vm_private_data = Arc::into_raw(region).cast_mut().cast::<c_void>();
-    }
-}
-
-/// A copy of a VMA (split is refused, but mremap copies before it asks us): one more ref.
-unsafe extern "C" fn vm_open(vma: *mut bindings::vm_area_struct) {
-    // SAFETY: `vma` is a copy of a GMEM VMA, so it carries the original's pointer.
-    let r: Arc<Region> = unsafe { region_of(vma) }.into();
-    core::mem::forget(r);
-}
-
-/// The VMA goes away: drop its reference; if it is the region's own VMA, free the region.
-unsafe extern "C" fn vm_close(vma: *mut bindings::vm_area_struct) {
-    // SAFETY: `vma` is a GMEM VMA; this gives back the reference taken for it.
-    let region = unsafe { Arc::<Region>::from_raw((*vma).vm_private_data.cast::<Region>().cast_const()) };
-    // SAFETY: `vma` is valid during the callback.
-    let start = unsafe { kernel::mm::virt::VmaRef::from_raw(vma) }.start();
-    if start == region.start {
-        migrate::teardown(&region);
-    }
-}
-
-/// Partial munmap/mprotect splits are refused: a region lives and dies whole.
-unsafe extern "C" fn vm_may_split(_vma: *mut bindings::vm_area_struct, _addr: c_ulong) -> c_int {
-    EINVAL.to_errno()
-}
-
-/// ptrace / `/proc/PID/mem` access: GUP refuses GMEM VMAs (`VM_IO`), so the kernel asks
-/// us (`access.rs`). Returns the bytes copied (within one page) or a negative errno.
-unsafe extern "C" fn vm_access(vma: *mut bindings::vm_area_struct, addr: c_ulong, buf: *mut c_void, len: c_int, write: c_int) -> c_int {
-    let Ok(len) = usize::try_from(len) else { return EINVAL.to_errno() };
-    // SAFETY: `vma` is a live GMEM VMA (these ops are only installed on ours).
-    let region: Arc<Region> = unsafe { region_of(vma) }.into();
-    // SAFETY: `access_remote_vm` passes a kernel buffer of `len` bytes.
-    match unsafe { crate::access::access(&region, addr as usize, buf.cast(), len, write != 0) } {
-        // At most one page: fits in a `c_int`.
-        Ok(n) => n as c_int,
-        Err(e) => e.to_errno(),
-    }
-}
-
-/// Regions do not move.
-unsafe extern "C" fn vm_mremap(_vma: *mut bindings::vm_area_struct) -> c_int {
-    EINVAL.to_errno()
-}
-
-unsafe extern "C" fn vm_fault(vmf: *mut bindings::vm_fault) -> bindings::vm_fault_t {
-    // SAFETY: the kernel passes a valid fault descriptor for a GMEM VMA.
-    let (vma, addr, flags) = unsafe { ((*vmf).__bindgen_anon_1.vma, (*vmf).__bindgen_anon_1.address, (*vmf).flags) };
-    // SAFETY: the faulting VMA is a GMEM VMA (these ops are only installed on ours).
-    let region = unsafe { region_of(vma) };
-    let write = flags & bindings::fault_flag_FAULT_FLAG_WRITE != 0;
-    let region: Arc<Region> = region.into();
-    match cpu_fault(&region, vmf, addr as usize, write) {
-        Ok(r) => r,
-        // Out of host memory (or over the memory cgroup's limit) included: the access fails
-        // cleanly with SIGBUS instead of killing something (see host_page.rs).
-        Err(_) => bindings::vm_fault_reason_VM_FAULT_SIGBUS,
-    }
-}
 
 /// The transition of a CPU access to a page in state `s` (a fault, or ptrace's `.access`).
 /// The CPU always maps GMEM pages writable, so it does not share read-only duplicates with
@@ -134,7 +42,7 @@ pub(crate) fn cpu_transition(s: PageState, write: bool) -> core::result::Result<
 /// executor batch and are mapped too, so a stream of CPU faults over device memory takes
 /// a few batches per block instead of a fault per page. Pinned, lost and advised pages
 /// are left alone.
-fn cpu_fault(region: &Arc<Region>, vmf: *mut bindings::vm_fault, addr: usize, write: bool) -> Result<bindings::vm_fault_t> {
+pub(crate) fn cpu_fault(region: &Arc<Region>, vmf: *mut bindings::vm_fault, addr: usize, write: bool) -> Result<bindings::vm_fault_t> {
     let i = region.index(addr).ok_or(EFAULT)?;
     let block = region.block(i)?;
     let mut p = region.lock(&block);
@@ -391,47 +299,6 @@ fn fault_pages(
     Ok(())
 }
 
-/// Borrows the device behind a C handle as an `Arc`.
-///
-/// # Safety
-/// `dev` must be a live handle from `gmem_dev_register`.
-pub(crate) unsafe fn device_of(dev: *mut GmemDevHandle) -> Arc<Device> {
-    // SAFETY: a live handle is an `Arc<Device>` reference held by the driver.
-    unsafe { ArcBorrow::from_raw(dev.cast::<Device>().cast_const()) }.into()
-}
-
-/// `gmem_dev_fault()` of the C ABI.
-///
-/// # Safety
-/// `dev` and `space` must be live handles; `addrs` must be valid for `n` reads.
-#[no_mangle]
-pub(crate) unsafe extern "C" fn gmem_dev_fault(
-    dev: *mut GmemDevHandle,
-    space: *mut GmemSpaceHandle,
-    addrs: *const u64,
-    n: u32,
-    access: u32,
-) -> c_int {
-    let valid_access = access & !(GMEM_ACCESS_READ | GMEM_ACCESS_WRITE) == 0 && access != 0;
-    if dev.is_null() || space.is_null() || addrs.is_null() || n == 0 || n > MAX_BATCH || !valid_access {
-        return EINVAL.to_errno();
-    }
-    let r = (|| -> Result {
-        let mut v = KVec::with_capacity(n as usize, GFP_KERNEL)?;
-        // SAFETY: `addrs` is valid for `n` reads by the caller's contract.
-        let src = unsafe { core::slice::from_raw_parts(addrs, n as usize) };
-        v.extend_from_slice(src, GFP_KERNEL)?;
-        let k = batch::coalesce(&mut v);
-        // SAFETY: live handles by the caller's contract.
-        let (dev, space) = unsafe { (device_of(dev), space::from_handle(space)) };
-        device_fault(&dev, space, &v[..k], access & GMEM_ACCESS_WRITE != 0)
-    })();
-    match r {
-        Ok(()) => 0,
-        Err(e) => e.to_errno(),
-    }
-}
-
 #[kunit_tests(gmem_fault)]
 mod tests {
     use super::*;
@@ -443,16 +310,5 @@ mod tests {
         assert_eq!(&v[..k], &[0x1000, 0x3000, 0x5000, 0x20_0000]);
         let blocks: usize = batch::by_block(&v[..k]).count();
         assert_eq!(blocks, 2);
-    }
-
-    #[test]
-    fn dev_fault_rejects_bad_arguments() {
-        let a = [0u64];
-        // SAFETY: null handles are rejected before any use.
-        let r = unsafe { gmem_dev_fault(core::ptr::null_mut(), core::ptr::null_mut(), a.as_ptr(), 1, 1) };
-        assert_eq!(r, EINVAL.to_errno());
-        // SAFETY: as above; n == 0 and bad access are rejected first too.
-        let r = unsafe { gmem_dev_fault(core::ptr::null_mut(), core::ptr::null_mut(), a.as_ptr(), 0, 1) };
-        assert_eq!(r, EINVAL.to_errno());
     }
 }

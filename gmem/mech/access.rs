@@ -10,8 +10,8 @@
 //! data: like a CPU access, it brings the page home (copying from a device if needed) and
 //! copies through the kernel mapping of the host page, under the page's block lock.
 
-use crate::migrate::{self, Env};
-use crate::region::{Region, PAGE_SIZE};
+use crate::exec::migrate::{self, Env};
+use crate::obj::region::{Region, PAGE_SIZE};
 use kernel::{prelude::*, sync::Arc};
 
 /// Copies up to `len` bytes at `addr` (never past the end of its page) between the
@@ -30,7 +30,7 @@ pub(crate) unsafe fn access(region: &Arc<Region>, addr: usize, buf: *mut u8, len
     }
     // The same transition as a CPU fault (duplicates collapse: the host copy becomes the
     // only one). A page pinned on a device, or lost, is refused as it is for the CPU.
-    let (next, a) = crate::fault::cpu_transition(p.state(i), write).map_err(migrate::refusal_errno)?;
+    let (next, a) = crate::mech::fault::cpu_transition(p.state(i), write).map_err(migrate::refusal_errno)?;
     migrate::apply(&Env::access(region, None), &mut p, i, next, &a)?;
     let page = p.host(i).ok_or(EFAULT)?;
     let m = page.map();

@@ -10,14 +10,14 @@
 
 use crate::abi::{GmemCopy, GmemPte, GMEM_COPY_D2D, GMEM_COPY_D2H, GMEM_COPY_H2D, GMEM_COPY_ZERO};
 use crate::abi::{GMEM_PROT_READ, GMEM_PROT_WRITE, GMEM_PTE_2M};
-use crate::device::{self as devmod, DevStats, Device, DeviceOps, FrameOp, Owner, F_PREFETCHED};
+use crate::obj::device::{self as devmod, DevStats, Device, DeviceOps, FrameOp, Owner, F_PREFETCHED};
 use crate::policy::evict::{F_CLEAN, F_LENT, F_PINNED, F_REF};
 use crate::policy::frames::CHUNK_FRAMES;
 use crate::policy::page_state::{Actions, Copy, Loc, PageState, Refused, MAX_DEVICES};
-use crate::space::Space;
-use crate::region::{devices_in, Pages, Region, PAGE_SIZE};
-use crate::registry;
-use crate::host_page::HostPage;
+use crate::obj::space::Space;
+use crate::obj::region::{devices_in, Pages, Region, PAGE_SIZE};
+use crate::obj::devices;
+use crate::obj::host_page::HostPage;
 use kernel::{mm::virt::VmaRef, prelude::*, sync::Arc};
 
 /// Where a page's mappings live besides the region itself.
@@ -56,7 +56,7 @@ fn settle_prefetch(dev: &Device, used: bool) {
 }
 
 fn device(id: u8) -> Result<Arc<Device>> {
-    registry::get(id as usize).ok_or(ENODEV)
+    devices::get(id as usize).ok_or(ENODEV)
 }
 
 fn host_ptr(p: &Pages, i: usize) -> Result<*mut kernel::bindings::page> {
@@ -497,7 +497,7 @@ fn commit(env: &Env<'_>, p: &mut Pages, st: &Step, fresh: &Fresh, ops: &mut KVec
     }
     // A pin that ends gives its page back to the process's pin quota.
     if st.prev.pinned() && !next.pinned() {
-        crate::pin_quota::uncharge(env.region.space.mm(), 1);
+        crate::obj::pin_quota::uncharge(env.region.space.mm(), 1);
     }
     p.set_state(i, next.bits());
 }
@@ -606,101 +606,4 @@ pub(crate) fn apply_range(
     }
     apply_batch(env, p, &steps).res?;
     refusal.map_or(Ok(()), Err)
-}
-
-/// Releases everything a region holds (VMA close: munmap, FREE, exit). Idempotent.
-///
-/// The region is marked dead, then emptied block by block under each block's lock,
-/// *before* it leaves its space's tree: device evacuation walks the tree, so it either
-/// finds the region (and serialises with this on the block locks) or finds it gone,
-/// already empty. A fault that locks a block after teardown passed it sees `dead`; one
-/// that got there first is undone when teardown reaches the block. No driver is called
-/// after its unregistration returned (callbacks go through `Device::ops`).
-pub(crate) fn teardown(region: &Arc<Region>) {
-    use crate::policy::page_state::Event;
-    if !region.mark_dead() {
-        let env = Env::background(region);
-        let mut from = 0;
-        while let Some(block) = region.next_block(from) {
-            let mut p = region.lock(&block);
-            from = p.range().end;
-            let r = p.range();
-            if let Err(e) = apply_range(&env, &mut p, r.start, r.end, Event::Free, EINVAL) {
-                pr_err!("teardown of region {:#x} failed: {:?}
-", region.start, e);
-            }
-            drop(p);
-            crate::sched::cond_resched();
-        }
-    }
-    region.space.remove_region(region);
-}
-
-/// What one evacuation pass did in one region.
-#[derive(Default)]
-pub(crate) struct Evacuated {
-    /// Pages that still involve the device (their move failed; retried by a later pass).
-    pub(crate) left: u64,
-    /// Pages whose data could not be saved and that are now `Lost`.
-    pub(crate) lost: u64,
-}
-
-/// Moves everything `dev` holds in `region` to the host (device unregistration). A page
-/// whose move fails stays as it is and is counted in `left`; with `lose`, it becomes
-/// `Lost` instead (its frames and mappings are released; accesses fail from then on).
-pub(crate) fn evacuate(region: &Arc<Region>, dev: &Device, lose: bool) -> Evacuated {
-    use crate::policy::page_state::{transition, Event};
-    let mut out = Evacuated::default();
-    let env = Env::background(region);
-    let d = dev.id as u8;
-    let mut moved = 0u64;
-    // Once a host page could not be had for this region (its process's memory cgroup or
-    // the host is full), the region's other pages that need one are not tried again in
-    // this pass: each try would reclaim in vain. Pages that need no allocation still move.
-    let mut host_short = false;
-    let mut from = 0;
-    while let Some(block) = region.next_block(from) {
-        let mut p = region.lock(&block);
-        let range = p.range();
-        from = range.end;
-        // A region being torn down is evacuated too: teardown marks it dead first and
-        // then empties its blocks one at a time, so blocks it has not reached yet still
-        // hold device pages. Each block is emptied by whichever of the two takes its lock
-        // first; the other finds nothing of the device there.
-        for i in range {
-            let s = p.state(i);
-            let involved = s.loc() == Loc::Device(d) || (s.dup_mask() | s.remote_mask()) & (1 << d) != 0;
-            if !involved {
-                continue;
-            }
-            let saved = match transition(s, Event::DeviceGone { dev: d }) {
-                Ok((_, a)) if host_short && a.alloc_host && p.host(i).is_none() => Err(ENOMEM),
-                Ok((next, a)) => apply(&env, &mut p, i, next, &a),
-                Err(_) => Err(EINVAL),
-            };
-            match saved {
-                Ok(()) => {
-                    moved += 1;
-                    continue;
-                }
-                Err(e) if e == ENOMEM => host_short = true,
-                Err(_) => {}
-            }
-            if !lose {
-                out.left += 1;
-                continue;
-            }
-            // `Lose` allocates and copies nothing, so it cannot fail for want of memory; it
-            // releases the page's frames on every device and its mappings.
-            match transition(s, Event::Lose).map_err(|_| EINVAL).and_then(|(next, a)| apply(&env, &mut p, i, next, &a)) {
-                Ok(()) => out.lost += 1,
-                Err(_) => out.left += 1,
-            }
-        }
-        drop(p);
-        crate::sched::cond_resched();
-    }
-    DevStats::add(&dev.stats.evacuated, moved);
-    DevStats::add(&dev.stats.lost, out.lost);
-    out
 }

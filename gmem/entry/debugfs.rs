@@ -10,10 +10,10 @@
 //!   managed page.
 //! Everything is read from the live objects at read time; nothing is cached here.
 
-use crate::device::Device;
+use crate::obj::device::Device;
 use crate::policy::page_state::Loc;
-use crate::registry::{self, MAX_DEVICES};
-use crate::space;
+use crate::obj::devices::{self, MAX_DEVICES};
+use crate::obj::space;
 use core::fmt;
 use core::sync::atomic::Ordering::Relaxed;
 use kernel::{
@@ -34,8 +34,8 @@ pub(crate) struct Debugfs {
 }
 
 fn show_control(_: &(), f: &mut fmt::Formatter<'_>) -> fmt::Result {
-    crate::tune::show(f)?;
-    for d in registry::all().iter() {
+    crate::entry::control::show(f)?;
+    for d in devices::all().iter() {
         writeln!(f, "dev={} low={} high={}", d.id, d.low(), d.high())?;
     }
     Ok(())
@@ -49,7 +49,7 @@ fn write_control(_: &(), r: &mut UserSliceReader) -> Result {
     }
     r.read_slice(&mut buf[..n])?;
     let text = core::str::from_utf8(&buf[..n]).map_err(|_| EINVAL)?;
-    crate::tune::apply(text)
+    crate::entry::control::apply(text)
 }
 
 impl Debugfs {
@@ -128,7 +128,7 @@ fn show_device(d: &Device, f: &mut fmt::Formatter<'_>) -> fmt::Result {
 }
 
 fn show_devices(_: &(), f: &mut fmt::Formatter<'_>) -> fmt::Result {
-    for d in registry::all().iter() {
+    for d in devices::all().iter() {
         show_device(d, f)?;
     }
     Ok(())
@@ -176,7 +176,7 @@ fn show_spaces(_: &(), f: &mut fmt::Formatter<'_>) -> fmt::Result {
                     c.duplicated += (st.dup_mask() != 0) as usize;
                 }
                 drop(p);
-                crate::sched::cond_resched();
+                crate::obj::sched::cond_resched();
             }
             c.pages += r.npages;
         }

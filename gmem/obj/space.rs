@@ -7,11 +7,10 @@
 //! Lock order: `SPACES` and the maple tree's internal lock are leaves; `Space::ctxs` and
 //! `Space::thrash` are taken under a block lock (see Documentation/design.rst).
 
-use crate::abi::GmemSpaceHandle;
-use crate::device::{Ctx, Device};
+use crate::obj::device::{Ctx, Device};
 use crate::policy::thrash::{RecentMoves, ThrashTable};
-use crate::region::Region;
-use crate::registry::MAX_DEVICES;
+use crate::obj::region::Region;
+use crate::obj::devices::MAX_DEVICES;
 use core::sync::atomic::{AtomicU64, Ordering};
 use kernel::{
     maple_tree::MapleTree,
@@ -244,58 +243,6 @@ impl PinnedDrop for Space {
                 d.release_ctx(self.id);
             }
         }
-    }
-}
-
-/// `gmem_space_get_current()` of the C ABI.
-#[no_mangle]
-pub(crate) extern "C" fn gmem_space_get_current() -> *mut GmemSpaceHandle {
-    match current() {
-        Some(s) => Arc::into_raw(s).cast_mut().cast(),
-        None => ENOENT.to_ptr(),
-    }
-}
-
-/// `gmem_space_put()` of the C ABI.
-///
-/// # Safety
-/// `space` must be a reference obtained from `gmem_space_get_current`, put once.
-#[no_mangle]
-pub(crate) unsafe extern "C" fn gmem_space_put(space: *mut GmemSpaceHandle) {
-    if space.is_null() || kernel::error::from_err_ptr(space).is_err() {
-        return;
-    }
-    // SAFETY: the handle came from `Arc::into_raw` in `gmem_space_get_current`, and the
-    // caller gives this reference back exactly once.
-    drop(unsafe { Arc::<Space>::from_raw(space.cast::<Space>().cast_const()) });
-}
-
-/// Borrows the space behind a C handle.
-///
-/// # Safety
-/// `space` must be a live reference from `gmem_space_get_current`.
-pub(crate) unsafe fn from_handle<'a>(space: *mut GmemSpaceHandle) -> &'a Space {
-    // SAFETY: by the caller's contract the handle is a live `Arc<Space>` reference.
-    unsafe { &*space.cast::<Space>().cast_const() }
-}
-
-/// `gmem_space_ctx()` of the C ABI.
-///
-/// # Safety
-/// `dev` and `space` must be live handles.
-#[no_mangle]
-pub(crate) unsafe extern "C" fn gmem_space_ctx(
-    dev: *mut crate::abi::GmemDevHandle,
-    space: *mut GmemSpaceHandle,
-) -> *mut kernel::ffi::c_void {
-    if dev.is_null() || space.is_null() {
-        return EINVAL.to_ptr();
-    }
-    // SAFETY: live handles by the caller's contract.
-    let (dev, space) = unsafe { (crate::fault::device_of(dev), from_handle(space)) };
-    match space.ctx(&dev) {
-        Ok(c) => c.0,
-        Err(e) => e.to_ptr(),
     }
 }
 

@@ -26,7 +26,7 @@ pub(crate) unsafe trait ZeroIsEmpty: Sized {}
 unsafe impl ZeroIsEmpty for u32 {}
 // SAFETY: `HostPage` is a `#[repr(transparent)]` wrapper of a `NonNull`, for which Rust
 // guarantees that `Option<_>` uses the null niche: all zero bytes are `None`.
-unsafe impl ZeroIsEmpty for Option<crate::host_page::HostPage> {}
+unsafe impl ZeroIsEmpty for Option<crate::obj::host_page::HostPage> {}
 
 /// A fixed-length, zero-initialised array of per-page metadata.
 ///

@@ -21,7 +21,7 @@
 use crate::abi::{GmemCopy, GmemDevOps, GmemDevProps, GmemPte, GMEM_DEV_CAP_MAP_2M, GMEM_DRIVER_ABI_VERSION};
 use crate::policy::evict::{self as order, Clock, F_CLEAN, F_LENT, F_PINNED, F_REF, F_USED};
 use crate::policy::frames::{FrameMap, CHUNK_FRAMES};
-use crate::region::Region;
+use crate::obj::region::Region;
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use kernel::{
     bindings,
@@ -30,7 +30,7 @@ use kernel::{
     new_mutex, new_srcu,
     prelude::*,
     sync::{srcu, Arc, Mutex, Srcu},
-    workqueue::{impl_has_work, new_work, Work, WorkItem},
+    workqueue::{impl_has_work, new_work, Work},
 };
 
 /// Frame flag kept by the core only: filled by prefetch, not yet known to be used.
@@ -344,14 +344,6 @@ pub(crate) struct Device {
 
 impl_has_work! {
     impl HasWork<Self> for Device { self.work }
-}
-
-impl WorkItem for Device {
-    type Pointer = Arc<Device>;
-
-    fn run(this: Arc<Device>) {
-        crate::evict::background(&this);
-    }
 }
 
 fn filled<T: Clone>(n: usize, v: T) -> Result<KVVec<T>> {
@@ -719,7 +711,7 @@ impl Device {
 
 /// Queues the background worker if the device is below its low watermark.
 pub(crate) fn kick(dev: &Arc<Device>) {
-    if crate::tune::PREEVICT.load(Ordering::Relaxed) && dev.frames_free() < dev.low() {
+    if crate::obj::tune::PREEVICT.load(Ordering::Relaxed) && dev.frames_free() < dev.low() {
         kick_always(dev);
     }
 }
@@ -727,7 +719,7 @@ pub(crate) fn kick(dev: &Arc<Device>) {
 /// Queues the background worker unconditionally (write-back of parked victims).
 pub(crate) fn kick_always(dev: &Arc<Device>) {
     if dev.alive() {
-        if let Some(q) = crate::wq::get() {
+        if let Some(q) = crate::obj::wq::get() {
             // Already queued is fine: one run serves every request.
             let _ = q.enqueue(dev.clone());
         }

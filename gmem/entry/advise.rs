@@ -7,12 +7,12 @@
 //! narrowed inward so that a partly covered page keeps its data. The range must lie within
 //! one region. Lock order as in the fault paths: mmap lock -> region pages.
 
-use crate::migrate::{self, Env};
+use crate::exec::migrate::{self, Env};
 use crate::policy::page_state::{transition, Event, PageState, Target};
 use crate::policy::range::{self, PageRange, RangeError};
-use crate::region::{adv, Region};
-use crate::registry;
-use crate::space::Space;
+use crate::obj::region::{adv, Region};
+use crate::obj::devices;
+use crate::obj::space::Space;
 use core::sync::atomic::{AtomicBool, Ordering};
 use kernel::{
     new_mutex,
@@ -54,7 +54,7 @@ fn range_errno(e: RangeError) -> Error {
 /// A registered device id from the user's `dev` field.
 fn device_id(dev: i32) -> Result<u8> {
     let id = usize::try_from(dev).map_err(|_| EINVAL)?;
-    registry::get(id).filter(|d| d.alive()).ok_or(ENODEV)?;
+    devices::get(id).filter(|d| d.alive()).ok_or(ENODEV)?;
     u8::try_from(id).map_err(|_| EINVAL)
 }
 
@@ -147,7 +147,7 @@ fn move_pages(space: &Space, region: &Arc<Region>, first: usize, count: usize, a
         _ => (Event::DontNeed, None),
     };
     let end = first.checked_add(count).ok_or(EINVAL)?;
-    let dev = target.and_then(|d| registry::get(d as usize));
+    let dev = target.and_then(|d| devices::get(d as usize));
     // Pages this PIN charged to the process's pin quota up front (`pin_quota.rs`).
     let mut charged = 0u64;
     if let (Event::Pin { .. }, Some(dev)) = (event, &dev) {
@@ -168,21 +168,21 @@ fn move_pages(space: &Space, region: &Arc<Region>, first: usize, count: usize, a
                     pinned += u64::from(p.state(i).pinned());
                 }
                 drop(p);
-                crate::sched::cond_resched();
+                crate::obj::sched::cond_resched();
             }
             (end - first) as u64 - pinned
         };
         if newly + dev.frames_pinned() > dev.nr_frames {
             return Err(ENOSPC);
         }
-        crate::pin_quota::charge(space.mm(), newly)?;
+        crate::obj::pin_quota::charge(space.mm(), newly)?;
         charged = newly;
     }
     let mut pinned = 0u64;
     let r = move_range(space, region, first, end, event, &dev, cancelled, &mut pinned);
     // What the PIN charged but did not pin (an error part way, or pages pinned by someone
     // else meanwhile) goes back; each page it did pin stays charged until its pin ends.
-    crate::pin_quota::uncharge(space.mm(), charged.saturating_sub(pinned));
+    crate::obj::pin_quota::uncharge(space.mm(), charged.saturating_sub(pinned));
     r
 }
 
@@ -194,7 +194,7 @@ fn move_range(
     first: usize,
     end: usize,
     event: Event,
-    dev: &Option<Arc<crate::device::Device>>,
+    dev: &Option<Arc<crate::obj::device::Device>>,
     cancelled: &dyn Fn() -> bool,
     pinned: &mut u64,
 ) -> Result {
@@ -203,7 +203,7 @@ fn move_range(
     let skip_untouched = matches!(transition(PageState::EMPTY, event), Ok((n, a)) if n == PageState::EMPTY && a == Default::default());
     let mut i = first;
     while i < end {
-        if crate::sched::fatal_signal_pending() || cancelled() {
+        if crate::obj::sched::fatal_signal_pending() || cancelled() {
             return Err(EINTR);
         }
         if skip_untouched {
@@ -251,7 +251,7 @@ fn move_range(
                 *pinned += u64::from(!st.prev.pinned() && st.next.pinned());
             }
             if let (Event::Prefetch { .. }, Some(dev)) = (event, dev) {
-                crate::device::DevStats::add(&dev.stats.prefetched, out.done as u64);
+                crate::obj::device::DevStats::add(&dev.stats.prefetched, out.done as u64);
             }
             if out.done < steps.len() {
                 // Steps from `steps[out.done]` on were not applied.
@@ -265,7 +265,7 @@ fn move_range(
                         if retries > 64 {
                             return Err(ENOMEM);
                         }
-                        crate::evict::make_room_for(&acts, 64, crate::evict::Why::Advice)?;
+                        crate::mech::evict::make_room_for(&acts, 64, crate::mech::evict::Why::Advice)?;
                         p = region.lock(&block);
                         continue;
                     }
@@ -283,7 +283,7 @@ fn move_range(
         drop(p);
         drop(mmap);
         drop(mm);
-        crate::sched::cond_resched();
+        crate::obj::sched::cond_resched();
     }
     Ok(())
 }
@@ -340,7 +340,7 @@ impl Fence {
             GFP_KERNEL,
         )?;
         // A fresh work item cannot be queued already.
-        let q = crate::wq::get().ok_or(ENODEV)?;
+        let q = crate::obj::wq::get().ok_or(ENODEV)?;
         let _ = q.enqueue(f.clone());
         Ok(f)
     }

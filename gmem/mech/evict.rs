@@ -17,19 +17,19 @@
 //! Lock order: `Device::evict_lock` -> a block's pages (`Block::pages`) -> `Space::ctxs` -> `Device::frames`.
 //! Eviction never runs with a block lock held by its caller.
 
-use crate::device::{Ctx, DevStats, Device, DeviceOps, Owner, F_PREFERRED_SPARED};
+use crate::obj::device::{Ctx, DevStats, Device, DeviceOps, Owner, F_PREFERRED_SPARED};
 use crate::policy::evict::F_LENT;
 use crate::policy::page_state::Target;
-use crate::region::{adv, ADVICE_RUNS};
+use crate::obj::region::{adv, ADVICE_RUNS};
 use crate::policy::range::AdviceMap;
-use crate::migrate::{self, Env};
+use crate::exec::migrate::{self, Env};
 use crate::policy::evict::{reclaim_target, F_REF};
 use crate::policy::page_state::{transition, Actions, Copy, Event, Loc};
-use crate::migrate::Step;
-use crate::region::Region;
-use crate::{registry, tune};
+use crate::exec::migrate::Step;
+use crate::obj::region::Region;
+use crate::obj::{devices, tune};
 use core::sync::atomic::Ordering::Relaxed;
-use kernel::{prelude::*, sync::Arc};
+use kernel::{prelude::*, sync::Arc, workqueue::WorkItem};
 
 /// Why frames are being freed (for the counters).
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -47,7 +47,7 @@ fn peer_for(dev: &Device) -> Option<Arc<Device>> {
     if !tune::PEER.load(Relaxed) {
         return None;
     }
-    registry::all()
+    devices::all()
         .into_iter()
         .filter(|p| p.id != dev.id && p.alive() && p.same_driver(dev) && p.frames_free() > p.high() + 1)
         .max_by_key(|p| p.frames_free())
@@ -57,7 +57,7 @@ fn peer_for(dev: &Device) -> Option<Arc<Device>> {
 /// dropped, a dirty owner page is parked on the peer while `peer_room` lasts (then
 /// decremented), anything else goes to the host (a clean page without a copy). `None`
 /// for a pinned page or one `dev` no longer holds.
-fn evict_step(dev: &Device, p: &crate::region::Pages, i: usize, peer: &Option<Arc<Device>>, peer_room: &mut u64) -> Option<Step> {
+fn evict_step(dev: &Device, p: &crate::obj::region::Pages, i: usize, peer: &Option<Arc<Device>>, peer_room: &mut u64) -> Option<Step> {
     let d = dev.id as u8;
     let s = p.state(i);
     let ev = if s.loc() != Loc::Device(d) {
@@ -83,7 +83,7 @@ fn evict_step(dev: &Device, p: &crate::region::Pages, i: usize, peer: &Option<Ar
 
 /// Counts an evicted page by where it went; a page parked on `peer` is recorded there as
 /// lent (the lender reclaims parked frames first). Returns whether it was parked.
-fn note_evicted(dev: &Device, peer: &Option<Arc<Device>>, region: &Arc<Region>, p: &crate::region::Pages, st: &Step) -> bool {
+fn note_evicted(dev: &Device, peer: &Option<Arc<Device>>, region: &Arc<Region>, p: &crate::obj::region::Pages, st: &Step) -> bool {
     let (c, parked) = match st.a.copy {
         _ if st.prev.loc() != Loc::Device(dev.id as u8) => (&dev.stats.evicted_clean, false),
         Copy::D2D { to, .. } => {
@@ -103,7 +103,7 @@ fn note_evicted(dev: &Device, peer: &Option<Arc<Device>>, region: &Arc<Region>, 
 /// Evicts the pages `idx` of `region` (held on `dev`) as one executor batch; returns
 /// pages freed on `dev`, or `ENOMEM` when host memory (or the memory cgroup) is exhausted:
 /// then nothing more can be evicted to the host and the caller stops.
-fn evict_pages(dev: &Device, region: &Arc<Region>, p: &mut crate::region::Pages, idx: &[usize], peer: &Option<Arc<Device>>) -> Result<usize> {
+fn evict_pages(dev: &Device, region: &Arc<Region>, p: &mut crate::obj::region::Pages, idx: &[usize], peer: &Option<Arc<Device>>) -> Result<usize> {
     // The lender's reserve is respected for the whole batch: its own allocations win.
     let mut peer_room = match peer {
         Some(peer) if peer.alive() => peer.frames_free().saturating_sub(peer.high() + 1),
@@ -145,7 +145,7 @@ fn evict_pages(dev: &Device, region: &Arc<Region>, p: &mut crate::region::Pages,
     }
     if let (true, Some(peer)) = (parked, peer) {
         // The lender makes host copies of parked pages in the background.
-        crate::device::kick_always(peer);
+        crate::obj::device::kick_always(peer);
     }
     // Out of host memory: nothing more can be evicted to the host.
     if host_full {
@@ -275,7 +275,7 @@ pub(crate) fn make_room(dev: &Arc<Device>, want: usize, why: Why) -> usize {
 /// made room meanwhile, still lets the caller retry. The caller must have dropped its
 /// block lock.
 pub(crate) fn make_room_for(a: &Actions, want: usize, why: Why) -> Result {
-    let full = a.alloc_frame.and_then(|d| registry::get(d as usize)).ok_or(ENOMEM)?;
+    let full = a.alloc_frame.and_then(|d| devices::get(d as usize)).ok_or(ENOMEM)?;
     if make_room(&full, want, why) == 0 && full.frames_free() == 0 {
         return Err(ENOMEM);
     }
@@ -317,5 +317,14 @@ pub(crate) fn background(dev: &Arc<Device>) {
     let target = reclaim_target(dev.frames_free(), dev.low(), dev.high(), dev.nr_frames);
     if target > 0 {
         make_room(dev, target as usize, Why::Background);
+    }
+}
+
+/// The device's background work item is its evictor.
+impl WorkItem for Device {
+    type Pointer = Arc<Device>;
+
+    fn run(this: Arc<Device>) {
+        background(&this);
     }
 }

@@ -25,9 +25,9 @@
 
 use crate::policy::page_state::{PageState, MAX_DEVICES};
 use crate::policy::range::{AdviceMap, PageRange};
-use crate::space::Space;
-use crate::host_page::HostPage;
-use crate::meta::Meta;
+use crate::obj::space::Space;
+use crate::obj::host_page::HostPage;
+use crate::obj::meta::Meta;
 use core::sync::atomic::{AtomicBool, Ordering};
 use kernel::{
     new_mutex,
@@ -429,7 +429,7 @@ pub(crate) fn devices_in(mask: u16) -> impl Iterator<Item = u8> {
 #[kunit_tests(gmem_region)]
 mod tests {
     use super::*;
-    use crate::space::tests::test_space;
+    use crate::obj::space::tests::test_space;
 
     #[test]
     fn lookup_by_address_and_iteration() {
@@ -463,7 +463,7 @@ mod tests {
         s.remove_region(&a);
         s.remove_region(&c);
         assert!(s.next_region(0).is_none());
-        crate::space::release(&s);
+        crate::obj::space::release(&s);
     }
 
     /// Issue item 6: duplicates used to live in one kmalloc'd vector that failed past
@@ -474,8 +474,8 @@ mod tests {
         const N: usize = 300_000;
         let mut d = Dups::new();
         for i in 0..N {
-            if i % crate::sched::CHUNK == 0 {
-                crate::sched::cond_resched();
+            if i % crate::obj::sched::CHUNK == 0 {
+                crate::obj::sched::cond_resched();
             }
             d.reserve(1).expect("reserve");
             d.insert(i / 3, (i % 3) as u8 * 5, i as u32).expect("insert");
@@ -485,8 +485,8 @@ mod tests {
         assert_eq!(d.get(7, 5), Some(22));
         assert_eq!(d.get(7, 4), None);
         for i in 0..N {
-            if i % crate::sched::CHUNK == 0 {
-                crate::sched::cond_resched();
+            if i % crate::obj::sched::CHUNK == 0 {
+                crate::obj::sched::cond_resched();
             }
             assert_eq!(d.remove(i / 3, (i % 3) as u8 * 5), Some(i as u32));
         }
@@ -536,7 +536,7 @@ mod tests {
         let b1 = r.block(far).expect("block");
         let b2 = r.block(npages - 3).expect("block");
         assert!(core::ptr::eq(&*b1, &*b2));
-        crate::space::release(&s);
+        crate::obj::space::release(&s);
     }
 
     #[test]
@@ -567,6 +567,6 @@ mod tests {
         assert!(touched >= untouched + 64 * 16 && touched <= untouched + 64 * 16 + 256);
         assert_eq!(r.touched_from(0), Some(0));
         assert_eq!(r.touched_from(63), Some(63));
-        crate::space::release(&s);
+        crate::obj::space::release(&s);
     }
 }

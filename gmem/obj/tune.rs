@@ -1,0 +1,19 @@
+// SPDX-License-Identifier: GPL-2.0
+//! Run-time tunables of the overcommit engine, set through `/sys/kernel/debug/gmem/control`
+//! (one or more `key=value` words per write):
+//! - `prefetch=0|1`        density prefetch on device faults (default 1)
+//! - `prefetch_pct=1..100` density threshold in percent (default 51, as UVM)
+//! - `preevict=0|1`        background pre-eviction between the watermarks (default 1)
+//! - `peer=0|1`            park victims on peer devices with spare frames (default 1)
+//! - `thrash=0|1`          thrashing detection and response (default 1)
+//! - `thrash_window_us=N`  longest pause between moves of one burst (default 500, as UVM)
+//! - `dev=N low=L high=H`  watermarks of device N, in frames
+
+use core::sync::atomic::{AtomicBool, AtomicU32};
+
+pub(crate) static PREFETCH: AtomicBool = AtomicBool::new(true);
+pub(crate) static PREFETCH_PCT: AtomicU32 = AtomicU32::new(51);
+pub(crate) static PREEVICT: AtomicBool = AtomicBool::new(true);
+pub(crate) static PEER: AtomicBool = AtomicBool::new(true);
+pub(crate) static THRASH: AtomicBool = AtomicBool::new(true);
+pub(crate) static THRASH_WINDOW_US: AtomicU32 = AtomicU32::new(500);
