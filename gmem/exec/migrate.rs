@@ -385,10 +385,14 @@ pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outco
         let Ok(dev) = devs.get(d) else { continue };
         // A device that is gone has no page table left to unmap from.
         let (Some(ops), Some(ctx)) = (dev.ops(), space.ctx_if_any(dev)) else { continue };
-        for st in steps.iter().filter(|st| st.a.unmap_dev & (1 << d) != 0) {
-            let old_frame = p.frame(st.i);
-            if st.prev.loc() == Loc::Device(d) && st.a.free_frame == Some(d) && dev.flags(old_frame) & F_PREFETCHED != 0 {
-                // A prefetched page leaves: did the device ever touch it?
+        // A prefetched page leaves: did the device ever touch it? The frames' flags are read
+        // under one pool lock; the driver is asked after it (no callback under the pool lock).
+        let r0 = p.range().start;
+        let leaving = |st: &&Step| st.a.unmap_dev & (1 << d) != 0 && st.prev.loc() == Loc::Device(d) && st.a.free_frame == Some(d);
+        let prefetched = dev.prefetched_among(steps.iter().filter(leaving).map(|st| (st.i - r0, p.frame(st.i))));
+        for st in steps.iter().filter(leaving) {
+            let k = st.i - r0;
+            if prefetched.get(k / 64).is_some_and(|w| w & (1 << (k % 64)) != 0) {
                 settle_prefetch(dev, ops.test_clear_accessed(ctx, env.region.va(st.i)).unwrap_or(false));
             }
         }

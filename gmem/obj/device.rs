@@ -500,16 +500,18 @@ impl Device {
         u32::try_from(f).map_err(|_| EINVAL)
     }
 
-    /// Up to `want` free frames appended to `out` under one acquisition of the pool lock;
-    /// returns how many (fewer when the pool runs out). Each starts like `alloc_frame`'s.
-    pub(crate) fn alloc_frames(&self, want: usize, out: &mut KVec<u32>) -> Result<usize> {
+    /// Up to `want` frames chosen by `pick` appended to `out` under one acquisition of the
+    /// pool lock; returns how many (fewer when `pick` finds none). Each starts like
+    /// `alloc_frame`'s.
+    fn alloc_into(&self, want: usize, out: &mut KVec<u32>, mut pick: impl FnMut(&mut FrameMap<'_>) -> Option<u64>) -> Result<usize> {
         out.reserve(want, GFP_KERNEL)?;
         let mut pool = self.pool();
         let FramePool { bits, cursor, used, flags, .. } = &mut *pool;
         let mut map = FrameMap::new(bits, cursor, used, self.nr_frames).ok_or(EINVAL)?;
         let mut got = 0;
         while got < want {
-            let Some(f) = map.alloc() else { break };
+            let Some(f) = pick(&mut map) else { break };
+            // A free frame's flags are 0 (every free clears them): no pinned/lent count moves.
             flags[f as usize] = F_USED | F_REF;
             // Frame numbers fit in 32 bits: `nr_frames <= u32::MAX` (checked at registration),
             // and the capacity was reserved above.
@@ -519,6 +521,12 @@ impl Device {
         Ok(got)
     }
 
+    /// Up to `want` free frames appended to `out` under one acquisition of the pool lock;
+    /// returns how many (fewer when the pool runs out). Each starts like `alloc_frame`'s.
+    pub(crate) fn alloc_frames(&self, want: usize, out: &mut KVec<u32>) -> Result<usize> {
+        self.alloc_into(want, out, |map| map.alloc())
+    }
+
     /// Frames for pages at offsets `offs` (0..512, ascending) of one 2 MiB block, appended
     /// to `out` under one acquisition of the pool lock: page `k` gets frame `base + k` of an
     /// aligned 512-frame chunk when that frame is free, any free frame otherwise. `base` is
@@ -526,21 +534,36 @@ impl Device {
     /// free chunk. A block whose pages all end up at `base + k` can be mapped with one
     /// 2 MiB entry. Returns how many (fewer when the pool runs out).
     pub(crate) fn alloc_placed(&self, hint: Option<u64>, offs: impl Iterator<Item = u64>, want: usize, out: &mut KVec<u32>) -> Result<usize> {
-        out.reserve(want, GFP_KERNEL)?;
-        let mut pool = self.pool();
-        let FramePool { bits, cursor, used, flags, .. } = &mut *pool;
-        let mut map = FrameMap::new(bits, cursor, used, self.nr_frames).ok_or(EINVAL)?;
-        let base = hint.filter(|b| b % CHUNK_FRAMES == 0 && b.saturating_add(CHUNK_FRAMES) <= self.nr_frames).or_else(|| map.free_chunk());
-        let mut got = 0;
-        for k in offs.take(want) {
-            let placed = base.and_then(|b| b.checked_add(k)).filter(|&f| k < CHUNK_FRAMES && map.alloc_at(f));
-            let Some(f) = placed.or_else(|| map.alloc()) else { break };
-            flags[f as usize] = F_USED | F_REF;
-            // Frame numbers fit in 32 bits (`nr_frames <= u32::MAX`); capacity reserved above.
-            out.push(f as u32, GFP_NOWAIT)?;
-            got += 1;
+        let nr = self.nr_frames;
+        let mut offs = offs.take(want);
+        // Chosen with the first frame, under the pool lock.
+        let mut base: Option<Option<u64>> = None;
+        self.alloc_into(want, out, |map| {
+            let k = offs.next()?;
+            let b = *base.get_or_insert_with(|| hint.filter(|b| b % CHUNK_FRAMES == 0 && b.saturating_add(CHUNK_FRAMES) <= nr).or_else(|| map.free_chunk()));
+            let placed = b.and_then(|b| b.checked_add(k)).filter(|&f| k < CHUNK_FRAMES && map.alloc_at(f));
+            placed.or_else(|| map.alloc())
+        })
+    }
+
+    /// Which of the frames `frames` (each tagged with a bit index below 512) are still
+    /// marked prefetched, as a bitmap, under one acquisition of the pool lock (none at all
+    /// when `frames` is empty).
+    pub(crate) fn prefetched_among(&self, frames: impl Iterator<Item = (usize, u32)>) -> [u64; 8] {
+        let mut out = [0u64; 8];
+        let mut frames = frames.peekable();
+        if frames.peek().is_none() {
+            return out;
         }
-        Ok(got)
+        let pool = self.pool();
+        for (k, f) in frames {
+            if pool.flags.get(f as usize).is_some_and(|fl| fl & F_PREFETCHED != 0) {
+                if let Some(w) = out.get_mut(k / 64) {
+                    *w |= 1 << (k % 64);
+                }
+            }
+        }
+        out
     }
 
     /// Returns a frame to the pool. Returns its flags as they were (for accounting).
