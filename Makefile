@@ -39,10 +39,10 @@ kernel: deps
 	@bash scripts/build-kernel.sh $(FLAVOUR) > $(B)/kdir.tmp && mv $(B)/kdir.tmp $(B)/kdir
 
 modules: kernel
-	@echo "[modules] gmem.ko + gmem_sim.ko ($(FLAVOUR)) against $$(cat $(B)/kdir)"
+	@echo "[modules] gmem.ko + gmem_sim.ko + gmem_csample.ko ($(FLAVOUR)) against $$(cat $(B)/kdir)"
 	@mkdir -p $(B)/modules $(B)/ko
 	@$(MAKE) -s -C "$$(cat $(B)/kdir)" M=$(CURDIR) MO=$(CURDIR)/$(B)/modules LLVM=-19 modules
-	@cp $(B)/modules/gmem/gmem.ko $(B)/modules/drivers/gmem_sim.ko $(B)/ko/
+	@cp $(B)/modules/gmem/gmem.ko $(B)/modules/drivers/gmem_sim.ko $(B)/modules/drivers/gmem_csample.ko $(B)/ko/
 	@if [ -f "$$(cat $(B)/kdir)/lib/test_hmm.ko" ]; then cp "$$(cat $(B)/kdir)/lib/test_hmm.ko" $(B)/ko/; fi
 
 user: deps
@@ -68,6 +68,8 @@ run: initramfs
 	@python3 scripts/judge.py --console $(B)/console-run.log > $(B)/judge-run.txt || { cat $(B)/judge-run.txt; exit 1; }
 
 check: host-test initramfs
+	@echo "[check] kernel-doc of include/linux/gmem.h (scripts/check-kdoc.py)"
+	@python3 scripts/check-kdoc.py "$$(cat $(B)/kdir)"
 	@bash scripts/run-guest.sh "$$(cat $(B)/kdir)" $(B)/initramfs.cpio.gz check $(B)/console-check.log $(GUEST_TIMEOUT_$(FLAVOUR)) > /dev/null
 	@echo "[check] $(FLAVOUR) results (console log: $(B)/console-check.log)"
 	@python3 scripts/judge.py --console $(B)/console-check.log --cargo $(B)/cargo-test.log \

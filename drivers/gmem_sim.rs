@@ -1,22 +1,27 @@
 // SPDX-License-Identifier: GPL-2.0
 //! gmem_sim: a simulated accelerator. It plugs into gmem.ko exactly as a real driver would,
-//! through the C driver ABI of `include/linux/gmem.h`, and is honest about what a device is:
+//! through the safe Rust binding of the driver API (`include/rust/gmem.rs`, over
+//! `include/linux/gmem.h`), and is honest about what a device is:
 //! - its own memory: a pool of frames (`sim_mem.rs`), capacity set by `mem_mib`;
 //! - its own page table per address space (`sim_pt.rs`), driven only by gmem's callbacks;
 //! - a copy engine (the `copy` callback) moving pages host<->frame and frame<->peer frame;
 //! - kernels (`sim_kernels.rs`) that access memory only through that page table and report
 //!   misses to gmem in batches, then replay.
-//! Userspace launches kernels through `/dev/gmem_simN` (`include/uapi/linux/gmem_sim.h`).
+//! Userspace launches kernels through `/dev/gmem_simN` (`include/uapi/linux/gmem_sim.h`),
+//! and can hot-unplug a device (`GMEM_SIM_IOC_UNPLUG`).
+//!
+//! The only `unsafe` of the driver is where it touches memory pages (`sim_mem.rs`, and
+//! `sim_pt::PageTable::page`, which maps what an entry points at).
 //!
 //! Lock order: a context's `pt` lock is a leaf; the driver never calls into gmem with it
-//! held, and gmem never holds a spinlock when it calls us.
+//! held, and gmem never holds a spinlock when it calls us. `SIMS` is taken only at open and
+//! module load/unload, never with `pt` held.
 
-use core::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use kernel::{
-    bindings, faux,
-    ffi::{c_int, c_void},
+    faux,
     fs::File,
-    ioctl::{_IOW, _IOWR},
+    ioctl::{_IO, _IOW, _IOWR},
     miscdevice::{MiscDevice, MiscDeviceOptions, MiscDeviceRegistration},
     prelude::*,
     sync::{global_lock, Arc},
@@ -24,30 +29,16 @@ use kernel::{
     uaccess::{UserPtr, UserSlice},
 };
 
-#[path = "../include/rust/gmem_abi.rs"]
-mod abi;
+#[path = "../include/rust/gmem.rs"]
+mod gmem;
 mod sim_kernels;
 mod sim_mem;
 mod sim_pt;
-mod sim_sched;
 
-use abi::*;
+use gmem::{CopyJob, Frame, HostPage, Pte, Registration, Space, Target};
 use sim_kernels::{Launch, Runner};
 use sim_mem::Pool;
-use sim_pt::{encode, SimCtx, Target};
-
-/// Pages of one 2 MiB page-table entry.
-const HUGE_PAGES: u64 = 512;
-
-extern "C" {
-    fn gmem_dev_register(ops: *const GmemDevOps, props: *const GmemDevProps) -> *mut GmemDevHandle;
-    fn gmem_dev_unregister(dev: *mut GmemDevHandle);
-    fn gmem_dev_id(dev: *const GmemDevHandle) -> c_int;
-    fn gmem_space_get_current() -> *mut GmemSpaceHandle;
-    fn gmem_space_put(space: *mut GmemSpaceHandle);
-    fn gmem_space_ctx(dev: *mut GmemDevHandle, space: *mut GmemSpaceHandle) -> *mut c_void;
-    fn gmem_dev_fault(dev: *mut GmemDevHandle, space: *mut GmemSpaceHandle, addrs: *const u64, n: u32, access: u32) -> c_int;
-}
+use sim_pt::{encode, SimCtx};
 
 module! {
     type: SimModule,
@@ -75,14 +66,10 @@ const MAX_SIM_DEVICES: usize = 8;
 const NAMES: [&CStr; MAX_SIM_DEVICES] =
     [c"gmem_sim0", c"gmem_sim1", c"gmem_sim2", c"gmem_sim3", c"gmem_sim4", c"gmem_sim5", c"gmem_sim6", c"gmem_sim7"];
 
-/// One simulated device.
+/// One simulated device: what gmem's callbacks run on.
 pub(crate) struct SimDev {
     index: usize,
     pub(crate) pool: Pool,
-    /// gmem's handle, set once registered.
-    handle: AtomicPtr<GmemDevHandle>,
-    /// Minor of `/dev/gmem_simN`, to find the device at open.
-    minor: AtomicI32,
     /// Valid 4 KiB and 2 MiB entries over all contexts, and 2 MiB entries split so far.
     ptes: AtomicU64,
     ptes_2m: AtomicU64,
@@ -94,16 +81,13 @@ pub(crate) struct SimDev {
     /// pages copies this many, then fails with `-fail_err`; `NO_FAILURE` when not armed.
     fail_after: AtomicU64,
     fail_err: AtomicU32,
-    /// Set once `gmem_dev_unregister` returned: gmem promises no callback after that, and
+    /// Set once gmem's unregistration returned: gmem promises no callback after that, and
     /// the sim checks it (a callback then is logged and WARNs, which fails the test run).
+    /// The `SimDev` outlives its registration (the module keeps a reference) for this.
     unregistered: AtomicBool,
 }
 
 impl SimDev {
-    fn handle(&self) -> *mut GmemDevHandle {
-        self.handle.load(Ordering::Acquire)
-    }
-
     /// Moves the device-wide entry counters by one page table's change (4 KiB entries,
     /// 2 MiB entries, splits: before and after).
     fn count_ptes(&self, before: (u64, u64, u64), after: (u64, u64, u64)) {
@@ -116,176 +100,120 @@ impl SimDev {
         self.faults.fetch_add(n, Ordering::Relaxed);
     }
 
-    /// Reports a batch of faults to gmem (no lock of ours held).
-    pub(crate) fn fault(&self, space: *mut GmemSpaceHandle, addrs: &[u64], access: u32) -> Result {
-        let n = u32::try_from(addrs.len()).map_err(|_| EINVAL)?;
-        // SAFETY: our live registration, the caller's space reference, a valid buffer.
-        kernel::error::to_result(unsafe { gmem_dev_fault(self.handle(), space, addrs.as_ptr(), n, access) })
-    }
-}
-
-/// The driver's `drv` pointer back to its device.
-///
-/// # Safety
-/// `drv` must be the `drv` of one of our registrations (a live `SimDev`).
-unsafe fn sim<'a>(drv: *mut c_void) -> &'a SimDev {
-    // SAFETY: by the function's contract.
-    let dev = unsafe { &*drv.cast::<SimDev>() };
-    if dev.unregistered.load(Ordering::Acquire) {
-        pr_err!("gmem_sim{}: callback after gmem_dev_unregister returned\n", dev.index);
-        kernel::warn_on!(true);
-    }
-    dev
-}
-
-/// # Safety
-/// `ctx` must come from `ctx_create` and not be destroyed.
-unsafe fn ctx_of<'a>(ctx: *mut c_void) -> &'a SimCtx {
-    // SAFETY: by the function's contract.
-    unsafe { &*ctx.cast::<SimCtx>() }
-}
-
-unsafe extern "C" fn op_ctx_create(drv: *mut c_void, ctx: *mut *mut c_void) -> c_int {
-    // SAFETY: gmem passes our `drv` (checked for use after unregistration).
-    let _ = unsafe { sim(drv) };
-    match SimCtx::new() {
-        Ok(c) => {
-            // SAFETY: the context is never moved out of its box; `op_ctx_destroy` rebuilds
-            // the pinned box. `ctx` is a valid out-pointer (driver API).
-            unsafe { *ctx = KBox::into_raw(Pin::into_inner_unchecked(c)).cast() };
-            0
+    /// Every callback starts here: a callback after unregistration is a gmem bug.
+    fn live(&self) -> &Self {
+        if self.unregistered.load(Ordering::Acquire) {
+            pr_err!("gmem_sim{}: callback after gmem_dev_unregister returned\n", self.index);
+            kernel::warn_on!(true);
         }
-        Err(e) => e.to_errno(),
+        self
     }
-}
 
-unsafe extern "C" fn op_ctx_destroy(drv: *mut c_void, ctx: *mut c_void) {
-    // SAFETY: `ctx` came from `op_ctx_create` and gmem destroys it once.
-    let c = unsafe { KBox::from_raw(ctx.cast::<SimCtx>()) };
-    let (valid, huge) = {
-        let pt = c.pt.lock();
-        (pt.valid, pt.huge)
-    };
-    // SAFETY: gmem passes our `drv`.
-    let dev = unsafe { sim(drv) };
-    dev.ptes.fetch_sub(valid, Ordering::Relaxed);
-    dev.ptes_2m.fetch_sub(huge, Ordering::Relaxed);
-}
-
-unsafe extern "C" fn op_map(drv: *mut c_void, ctx: *mut c_void, ptes: *const GmemPte, n: u32) -> c_int {
-    // SAFETY: gmem passes our `drv`, a live context and `n` valid entries.
-    let (dev, c, ptes) = unsafe { (sim(drv), ctx_of(ctx), core::slice::from_raw_parts(ptes, n as usize)) };
-    let mut pt = c.pt.lock();
-    let before = (pt.valid, pt.huge, pt.splits);
-    let mut r = 0;
-    for p in ptes {
-        if p.flags & !GMEM_PTE_2M != 0 {
-            r = EINVAL.to_errno();
-            break;
-        }
-        let huge = p.flags & GMEM_PTE_2M != 0;
-        let t = if p.host.is_null() {
-            // A 2 MiB entry needs 512 aligned frames of the pool and an aligned address.
-            let last = if huge { p.frame.checked_add(HUGE_PAGES - 1) } else { Some(p.frame) };
-            let aligned = !huge || (p.frame % HUGE_PAGES == 0 && p.va % (HUGE_PAGES << 12) == 0);
-            if !aligned || last.is_none_or(|l| l >= dev.pool.len() as u64) {
-                r = EINVAL.to_errno();
-                break;
+    /// Installs one entry in `pt` (frames checked against the pool).
+    fn map_one(&self, pt: &mut sim_pt::PageTable, p: &Pte) -> Result {
+        let in_pool = |f: Frame, n: u64| f.index().checked_add(n - 1).is_some_and(|l| l < self.pool.len() as u64);
+        match p.target() {
+            Target::Frame(f) if in_pool(f, 1) => pt.set(p.va(), encode(sim_pt::Target::Frame(f.index()), p.writable())),
+            // Aligned (the binding checked): 512 frames of the pool from `f`.
+            Target::Huge(f) if in_pool(f, HUGE_PAGES) => {
+                pt.set_huge(p.va(), encode(sim_pt::Target::Frame(f.index()), p.writable()))
             }
-            Target::Frame(p.frame)
-        } else if huge {
-            r = EINVAL.to_errno();
-            break;
-        } else {
-            Target::Host(p.host)
+            Target::Host(h) => pt.set(p.va(), encode(sim_pt::Target::Host(h.as_ptr()), p.writable())),
+            _ => Err(EINVAL),
+        }
+    }
+}
+
+/// Pages of one 2 MiB page-table entry.
+const HUGE_PAGES: u64 = gmem::HUGE_PAGES;
+
+#[vtable]
+impl gmem::Driver for SimDev {
+    type Context = SimCtx;
+
+    fn ctx_create(&self) -> Result<Pin<KBox<SimCtx>>> {
+        self.live();
+        SimCtx::new()
+    }
+
+    fn ctx_destroy(&self, ctx: Pin<KBox<SimCtx>>) {
+        let pt = ctx.pt.lock();
+        self.live().ptes.fetch_sub(pt.valid, Ordering::Relaxed);
+        self.ptes_2m.fetch_sub(pt.huge, Ordering::Relaxed);
+    }
+
+    fn map(&self, ctx: &SimCtx, ptes: &[Pte]) -> Result {
+        let mut pt = ctx.pt.lock();
+        let before = (pt.valid, pt.huge, pt.splits);
+        let r = ptes.iter().try_for_each(|p| self.live().map_one(&mut pt, p));
+        // Entries set before a failure stay set: count them either way.
+        self.count_ptes(before, (pt.valid, pt.huge, pt.splits));
+        r
+    }
+
+    fn unmap(&self, ctx: &SimCtx, va: u64, npages: u64) {
+        let mut pt = ctx.pt.lock();
+        let before = (pt.valid, pt.huge, pt.splits);
+        pt.clear(va, npages);
+        self.live().count_ptes(before, (pt.valid, pt.huge, pt.splits));
+    }
+
+    fn tlb_invalidate(&self, _ctx: &SimCtx, _va: u64, _npages: u64) {
+        // The simulated device has no TLB beyond its page table (translations are not
+        // cached); count the flushes so the benchmarks can see them.
+        self.live().tlb_flushes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn copy(&self, job: CopyJob<'_, Self>) -> Result {
+        let n = match &job {
+            CopyJob::ToDevice(c) | CopyJob::ToHost(c) => c.len(),
+            CopyJob::ToPeer(_, c) | CopyJob::Zero(c) => c.len(),
         };
-        let pte = encode(t, p.prot & GMEM_PROT_WRITE != 0);
-        let set = if huge { pt.set_huge(p.va, pte) } else { pt.set(p.va, pte) };
-        if let Err(e) = set {
-            r = e.to_errno();
-            break;
-        }
-    }
-    // Entries set before a failure stay set: count them either way.
-    dev.count_ptes(before, (pt.valid, pt.huge, pt.splits));
-    r
-}
-
-unsafe extern "C" fn op_unmap(drv: *mut c_void, ctx: *mut c_void, va: u64, npages: u64) {
-    // SAFETY: gmem passes our `drv` and a live context.
-    let (dev, c) = unsafe { (sim(drv), ctx_of(ctx)) };
-    let mut pt = c.pt.lock();
-    let before = (pt.valid, pt.huge, pt.splits);
-    pt.clear(va, npages);
-    dev.count_ptes(before, (pt.valid, pt.huge, pt.splits));
-}
-
-unsafe extern "C" fn op_tlb(drv: *mut c_void, _ctx: *mut c_void, _va: u64, _npages: u64) {
-    // The simulated device has no TLB beyond its page table (translations are not cached);
-    // count the flushes so the benchmarks can see them.
-    // SAFETY: gmem passes our `drv`.
-    unsafe { sim(drv) }.tlb_flushes.fetch_add(1, Ordering::Relaxed);
-}
-
-unsafe extern "C" fn op_copy(drv: *mut c_void, dir: u32, c: *const GmemCopy, n: u32, peer: *mut c_void) -> c_int {
-    // SAFETY: gmem passes our `drv` and `n` valid entries.
-    let (dev, pairs) = unsafe { (sim(drv), core::slice::from_raw_parts(c, n as usize)) };
-    // An armed failure fires once, in the middle of the first call long enough for it.
-    let armed = dev.fail_after.load(Ordering::Acquire);
-    let cut = (armed < u64::from(n) && dev.fail_after.compare_exchange(armed, NO_FAILURE, Ordering::AcqRel, Ordering::Relaxed).is_ok())
-        .then_some(armed as usize);
-    for (k, p) in pairs.iter().enumerate() {
-        if Some(k) == cut {
-            dev.copies.fetch_add(k as u64, Ordering::Relaxed);
+        // An armed failure fires once, in the middle of the first call long enough for it.
+        let armed = self.live().fail_after.load(Ordering::Acquire);
+        let fires = armed < n as u64
+            && self.fail_after.compare_exchange(armed, NO_FAILURE, Ordering::AcqRel, Ordering::Relaxed).is_ok();
+        // `armed < n` when it fires, so the cut fits a usize.
+        let todo = if fires { armed as usize } else { n };
+        let r = match job {
+            CopyJob::ToDevice(c) => c[..todo].iter().try_for_each(|e| self.pool.upload(e.frame().index(), e.host())),
+            CopyJob::ToHost(c) => c[..todo].iter().try_for_each(|e| self.pool.download(e.frame().index(), e.host())),
+            CopyJob::ToPeer(peer, c) => c[..todo]
+                .iter()
+                .try_for_each(|e| self.pool.to_peer(e.frame().index(), &peer.live().pool, e.peer_frame().index())),
+            CopyJob::Zero(c) => c[..todo].iter().try_for_each(|e| self.pool.zero(e.frame().index())),
+        };
+        r?;
+        self.copies.fetch_add(todo as u64, Ordering::Relaxed);
+        if fires {
             // `fail_err` is in 1..=4095 (checked when armed).
-            return -(dev.fail_err.load(Ordering::Relaxed) as c_int);
+            return Err(Error::from_errno(-(self.fail_err.load(Ordering::Relaxed) as i32)));
         }
-        let Some(frame) = dev.pool.frame(p.frame) else { return EINVAL.to_errno() };
-        match dir {
-            // SAFETY (all arms): frames are pages of our pool; host pages are owned by gmem
-            // for the duration of the call; source and destination differ.
-            GMEM_COPY_H2D if !p.host.is_null() => unsafe { sim_mem::copy_page(frame, p.host) },
-            GMEM_COPY_D2H if !p.host.is_null() => unsafe { sim_mem::copy_page(p.host, frame) },
-            GMEM_COPY_ZERO => unsafe { sim_mem::zero_page(frame) },
-            GMEM_COPY_D2D if !peer.is_null() => {
-                // SAFETY: gmem passes the peer device's `drv`, one of ours.
-                let Some(dst) = unsafe { sim(peer) }.pool.frame(p.peer_frame) else { return EINVAL.to_errno() };
-                // SAFETY: see above.
-                unsafe { sim_mem::copy_page(dst, frame) }
-            }
-            _ => return EINVAL.to_errno(),
-        }
+        Ok(())
     }
-    dev.copies.fetch_add(u64::from(n), Ordering::Relaxed);
-    0
+
+    fn frame_page(&self, frame: Frame) -> Option<HostPage> {
+        self.live().pool.frame_host_page(frame.index())
+    }
+
+    fn test_clear_accessed(&self, ctx: &SimCtx, va: u64) -> bool {
+        self.live();
+        ctx.pt.lock().test_clear_accessed(va)
+    }
 }
 
-unsafe extern "C" fn op_frame_page(drv: *mut c_void, frame: u64) -> *mut bindings::page {
-    // SAFETY: gmem passes our `drv`.
-    unsafe { sim(drv) }.pool.frame(frame).unwrap_or(core::ptr::null_mut())
+/// A registered simulated device, as open files see it.
+struct SimDevice {
+    reg: Registration<SimDev>,
+    /// Address of its `/dev/gmem_simN` registration, to find the device at open.
+    misc: usize,
 }
-
-unsafe extern "C" fn op_test_clear_accessed(drv: *mut c_void, ctx: *mut c_void, va: u64) -> c_int {
-    // SAFETY: gmem passes our `drv` (checked for use after unregistration).
-    let _ = unsafe { sim(drv) };
-    // SAFETY: gmem passes a live context of ours.
-    c_int::from(unsafe { ctx_of(ctx) }.pt.lock().test_clear_accessed(va))
-}
-
-static OPS: GmemDevOps = GmemDevOps {
-    ctx_create: Some(op_ctx_create),
-    ctx_destroy: Some(op_ctx_destroy),
-    map: Some(op_map),
-    unmap: Some(op_unmap),
-    tlb_invalidate: Some(op_tlb),
-    copy: Some(op_copy),
-    frame_page: Some(op_frame_page),
-    test_clear_accessed: Some(op_test_clear_accessed),
-};
 
 global_lock! {
-    // SAFETY: initialised in module init before any device node exists.
-    unsafe(uninit) static SIMS: Mutex<KVec<Arc<SimDev>>> = KVec::new();
+    // SAFETY: initialised in module init before any device node exists. (The one `unsafe`
+    // of the driver that is not about memory: the 7.3 tree has no const-initialised mutex;
+    // Binder declares its global context list the same way.)
+    unsafe(uninit) static SIMS: Mutex<KVec<Arc<SimDevice>>> = KVec::new();
 }
 
 /// `struct gmem_sim_launch`.
@@ -346,30 +274,13 @@ unsafe impl AsBytes for FailCopyArg {}
 const IOC_LAUNCH: u32 = _IOWR::<LaunchArg>(b'S' as u32, 0x01);
 const IOC_INFO: u32 = _IOWR::<InfoArg>(b'S' as u32, 0x02);
 const IOC_FAIL_COPY: u32 = _IOW::<FailCopyArg>(b'S' as u32, 0x03);
+const IOC_UNPLUG: u32 = _IO(b'S' as u32, 0x04);
 /// `fail_after` when no copy failure is armed.
 const NO_FAILURE: u64 = u64::MAX;
 
 /// One open of `/dev/gmem_simN`.
 struct SimFile {
-    dev: Arc<SimDev>,
-}
-
-/// The caller's GMEM space, put back on drop.
-struct SpaceRef(*mut GmemSpaceHandle);
-
-impl SpaceRef {
-    fn current() -> Result<SpaceRef> {
-        // SAFETY: plain C-ABI call in process context.
-        let s = unsafe { gmem_space_get_current() };
-        kernel::error::from_err_ptr(s).map(SpaceRef)
-    }
-}
-
-impl Drop for SpaceRef {
-    fn drop(&mut self) {
-        // SAFETY: the reference taken in `current`, put once.
-        unsafe { gmem_space_put(self.0) };
-    }
+    dev: Arc<SimDevice>,
 }
 
 impl SimFile {
@@ -390,13 +301,11 @@ impl SimFile {
             count: l.count,
         };
         launch.check()?;
-        let space = SpaceRef::current()?;
-        // SAFETY: our live registration and the space reference we hold.
-        let ctx = kernel::error::from_err_ptr(unsafe { gmem_space_ctx(self.dev.handle(), space.0) })?;
-        // SAFETY: the context stays alive while we hold the space reference (gmem destroys
-        // contexts only when the space dies or this device unregisters).
-        let ctx = unsafe { ctx_of(ctx) };
-        let mut runner = Runner::new(&self.dev, ctx, space.0)?;
+        let space = Space::current()?;
+        // The session keeps the device registered and our context for the space alive
+        // until the launch ends (an unplug waits for it, and ends it early: `ENODEV`).
+        let session = self.dev.reg.session(&space)?;
+        let mut runner = Runner::new(self.dev.reg.data(), &session)?;
         let res = runner.run(&launch);
         l.result = runner.out.result;
         l.faults = runner.out.faults;
@@ -411,8 +320,9 @@ impl SimFile {
         if f.argsz as usize != core::mem::size_of::<FailCopyArg>() || f.reserved != [0; 2] || f.err == 0 || f.err > 4095 || f.after == NO_FAILURE {
             return Err(EINVAL);
         }
-        self.dev.fail_err.store(f.err, Ordering::Relaxed);
-        self.dev.fail_after.store(f.after, Ordering::Release);
+        let d = self.dev.reg.data();
+        d.fail_err.store(f.err, Ordering::Relaxed);
+        d.fail_after.store(f.after, Ordering::Release);
         Ok(())
     }
 
@@ -422,15 +332,27 @@ impl SimFile {
         if i.argsz as usize != core::mem::size_of::<InfoArg>() {
             return Err(EINVAL);
         }
-        // SAFETY: our live registration.
-        i.gmem_id = unsafe { gmem_dev_id(self.dev.handle()) };
-        i.nr_frames = self.dev.pool.len() as u64;
-        i.ptes = self.dev.ptes.load(Ordering::Relaxed);
-        i.copies = self.dev.copies.load(Ordering::Relaxed);
-        i.tlb_flushes = self.dev.tlb_flushes.load(Ordering::Relaxed);
-        i.ptes_2m = self.dev.ptes_2m.load(Ordering::Relaxed);
-        i.splits_2m = self.dev.splits_2m.load(Ordering::Relaxed);
+        let d = self.dev.reg.data();
+        i.gmem_id = self.dev.reg.id();
+        i.nr_frames = d.pool.len() as u64;
+        i.ptes = d.ptes.load(Ordering::Relaxed);
+        i.copies = d.copies.load(Ordering::Relaxed);
+        i.tlb_flushes = d.tlb_flushes.load(Ordering::Relaxed);
+        i.ptes_2m = d.ptes_2m.load(Ordering::Relaxed);
+        i.splits_2m = d.splits_2m.load(Ordering::Relaxed);
         w.write(&i)
+    }
+
+    /// Hot-unplug (as a PCI remove would): running launches end with `ENODEV`, gmem saves
+    /// every page to the host, later launches get `ENODEV`. The node stays until unload.
+    fn unplug(&self) -> Result {
+        if self.dev.reg.is_unplugged() {
+            return Err(ENODEV);
+        }
+        self.dev.reg.unplug();
+        self.dev.reg.data().unregistered.store(true, Ordering::Release);
+        pr_info!("gmem_sim{}: unplugged\n", self.dev.reg.data().index);
+        Ok(())
     }
 }
 
@@ -439,9 +361,8 @@ impl MiscDevice for SimFile {
     type Ptr = Pin<KBox<Self>>;
 
     fn open(_file: &File, misc: &MiscDeviceRegistration<Self>) -> Result<Pin<KBox<Self>>> {
-        // SAFETY: the registration is live while it can be opened.
-        let minor = unsafe { (*misc.as_raw()).minor };
-        let dev = SIMS.lock().iter().find(|d| d.minor.load(Ordering::Acquire) == minor).cloned().ok_or(ENODEV)?;
+        let me = core::ptr::from_ref(misc) as usize;
+        let dev = SIMS.lock().iter().find(|d| d.misc == me).cloned().ok_or(ENODEV)?;
         KBox::pin(SimFile { dev }, GFP_KERNEL).map_err(Into::into)
     }
 
@@ -450,6 +371,7 @@ impl MiscDevice for SimFile {
             IOC_LAUNCH => me.launch(arg),
             IOC_INFO => me.info(arg),
             IOC_FAIL_COPY => me.fail_copy(arg),
+            IOC_UNPLUG => me.unplug(),
             _ => Err(ENOTTY),
         }
         .map(|()| 0)
@@ -458,7 +380,9 @@ impl MiscDevice for SimFile {
 
 struct SimModule {
     regs: KVec<Pin<KBox<MiscDeviceRegistration<SimFile>>>>,
-    devs: KVec<Arc<SimDev>>,
+    devs: KVec<Arc<SimDevice>>,
+    /// The devices' data, kept past their registrations (see `SimDev::unregistered`).
+    data: KVec<Arc<SimDev>>,
     _faux: faux::Registration,
 }
 
@@ -468,8 +392,6 @@ impl SimModule {
             SimDev {
                 index,
                 pool: Pool::new(frames)?,
-                handle: AtomicPtr::new(core::ptr::null_mut()),
-                minor: AtomicI32::new(-1),
                 ptes: AtomicU64::new(0),
                 ptes_2m: AtomicU64::new(0),
                 splits_2m: AtomicU64::new(0),
@@ -482,29 +404,16 @@ impl SimModule {
             },
             GFP_KERNEL,
         )?;
-        let props = GmemDevProps {
-            size: core::mem::size_of::<GmemDevProps>() as u32,
-            abi_version: GMEM_DRIVER_ABI_VERSION,
-            name: NAMES[index].as_char_ptr(),
-            nr_frames: frames as u64,
-            drv: (&*dev as *const SimDev).cast_mut().cast(),
-            caps: if module_parameters::map_2m.value() { GMEM_DEV_CAP_MAP_2M } else { 0 },
-            reserved: 0,
-        };
-        self.devs.reserve(1, GFP_KERNEL)?;
-        SIMS.lock().push(dev.clone(), GFP_KERNEL)?;
-        // SAFETY: `OPS` is static; `props` is valid for the call; `drv` (the `SimDev`) lives
-        // in `self.devs` until after `gmem_dev_unregister` in `drop`.
-        let handle = kernel::error::from_err_ptr(unsafe { gmem_dev_register(&OPS, &props) })?;
-        dev.handle.store(handle, Ordering::Release);
-        self.devs.push(dev.clone(), GFP_KERNEL)?;
-        let reg = KBox::pin_init(MiscDeviceRegistration::register(MiscDeviceOptions { name: NAMES[index] }), GFP_KERNEL)?;
-        // SAFETY: the registration is live.
-        dev.minor.store(unsafe { (*reg.as_raw()).minor }, Ordering::Release);
-        self.regs.push(reg, GFP_KERNEL)?;
-        // SAFETY: live registration.
-        let id = unsafe { gmem_dev_id(handle) };
-        pr_info!("gmem_sim{}: gmem device {}, {} frames\n", dev.index, id, frames);
+        self.data.push(dev.clone(), GFP_KERNEL)?;
+        let opts = gmem::Options { name: NAMES[index], nr_frames: frames as u64, map_2m: module_parameters::map_2m.value() };
+        let reg = Registration::new(opts, dev)?;
+        let id = reg.id();
+        let misc = KBox::pin_init(MiscDeviceRegistration::register(MiscDeviceOptions { name: NAMES[index] }), GFP_KERNEL)?;
+        let sd = Arc::new(SimDevice { reg, misc: core::ptr::from_ref(&*misc) as usize }, GFP_KERNEL)?;
+        self.regs.push(misc, GFP_KERNEL)?;
+        self.devs.push(sd.clone(), GFP_KERNEL)?;
+        SIMS.lock().push(sd, GFP_KERNEL)?;
+        pr_info!("gmem_sim{}: gmem device {}, {} frames\n", index, id, frames);
         Ok(())
     }
 }
@@ -518,7 +427,12 @@ impl kernel::Module for SimModule {
         }
         // SAFETY: called once, before any device exists.
         unsafe { SIMS.init() };
-        let mut m = SimModule { regs: KVec::new(), devs: KVec::new(), _faux: faux::Registration::new(c"gmem_sim", None)? };
+        let mut m = SimModule {
+            regs: KVec::new(),
+            devs: KVec::new(),
+            data: KVec::new(),
+            _faux: faux::Registration::new(c"gmem_sim", None)?,
+        };
         for i in 0..n {
             // On failure `m` is dropped, which unregisters what was registered.
             m.add_device(i, mib * 256)?;
@@ -531,18 +445,13 @@ impl Drop for SimModule {
     fn drop(&mut self) {
         // No new opens (open files pin the module, so none exist now).
         self.regs.clear();
-        for d in self.devs.iter() {
-            let h = d.handle.swap(core::ptr::null_mut(), Ordering::AcqRel);
-            if !h.is_null() {
-                // SAFETY: registered in `add_device`, unregistered exactly once here. gmem
-                // evacuates every page to the host and destroys our contexts first.
-                unsafe { gmem_dev_unregister(h) };
-                d.unregistered.store(true, Ordering::Release);
-            }
-        }
-        // Statics are not dropped at unload: free the list's buffer too.
+        // Statics are not dropped at unload: empty the list (its buffer too).
         drop(core::mem::take(&mut *SIMS.lock()));
-        for d in self.devs.iter() {
+        // The last references to the registrations: each unplugs (gmem evacuates every
+        // page to the host and destroys our contexts first).
+        self.devs.clear();
+        for d in self.data.iter() {
+            d.unregistered.store(true, Ordering::Release);
             pr_info!("gmem_sim{}: removed ({} faults, {} pages copied)\n", d.index, d.faults.load(Ordering::Relaxed), d.copies.load(Ordering::Relaxed));
         }
     }

@@ -11,21 +11,24 @@
 //! chunks (each pass of the fault buffer, so every 256 pages or TOUCH accesses) a kernel
 //! stops with `EINTR` if the task has a fatal signal pending, and offers to reschedule.
 
-use crate::abi::{GMEM_ACCESS_READ, GMEM_ACCESS_WRITE};
+use crate::gmem::{sched, Access, Session};
 use crate::sim_mem::{Mapped, PAGE_SIZE};
-use crate::sim_pt::{decode, SimCtx, Target};
+use crate::sim_pt::SimCtx;
 use crate::SimDev;
-use kernel::{bindings, prelude::*};
+use kernel::{prelude::*, uaccess::{UserPtr, UserSlice}};
 
 pub(crate) const K_FILL: u32 = 1;
 pub(crate) const K_CHECKSUM: u32 = 2;
 pub(crate) const K_COPY: u32 = 3;
 pub(crate) const K_AXPY: u32 = 4;
 pub(crate) const K_TOUCH: u32 = 5;
+pub(crate) const K_GATHER: u32 = 6;
 pub(crate) const F_WRITE: u32 = 1;
 
 /// Entries of the fault buffer (UVM's batch size).
 pub(crate) const FAULT_BUFFER: usize = 256;
+/// Most addresses of one GATHER launch (what `gmem_dev_fault` takes in one batch).
+pub(crate) const MAX_GATHER: u64 = 4096;
 /// `PAGE_SIZE` as a device address quantity.
 const PAGE: u64 = PAGE_SIZE as u64;
 /// Offset bits of a device address within its page.
@@ -83,11 +86,15 @@ fn low32(x: u64) -> u32 {
 /// Between chunks of a launch: ends it with `EINTR` if the task is being killed, and offers
 /// the CPU to others (a launch can run for minutes; the lock-free point between two fault
 /// buffers is where a real device driver would wait for the hardware).
-fn checkpoint() -> Result {
-    if crate::sim_sched::fatal_signal_pending() {
+fn checkpoint(session: &Session<'_, SimDev>) -> Result {
+    if sched::fatal_signal_pending() {
         return Err(EINTR);
     }
-    crate::sim_sched::cond_resched();
+    // The device is being unplugged: end the launch (like a GPU's channel teardown).
+    if session.revoked() {
+        return Err(ENODEV);
+    }
+    sched::cond_resched();
     Ok(())
 }
 
@@ -96,6 +103,14 @@ impl Launch {
     /// unaligned length or address; `EOVERFLOW` if a range's page-rounded end does not fit
     /// below 2^64. After this, every page address a kernel derives is representable.
     pub(crate) fn check(&self) -> Result {
+        if self.kernel == K_GATHER {
+            // a: the address list (u64s), b: the result words (u32s), count: entries.
+            let shape = self.flags == 0 && self.len == 0 && self.a % 8 == 0 && self.b % 4 == 0;
+            if !shape || self.count == 0 || self.count > MAX_GATHER {
+                return Err(EINVAL);
+            }
+            return Ok(());
+        }
         let two = matches!(self.kernel, K_COPY | K_AXPY);
         let known = matches!(self.kernel, K_FILL | K_CHECKSUM | K_COPY | K_AXPY | K_TOUCH);
         let flags_ok = self.flags & !F_WRITE == 0 && (self.flags == 0 || self.kernel == K_TOUCH);
@@ -116,36 +131,21 @@ struct FaultBuffer {
 }
 
 /// Runs kernels of one device in one context (the caller's address space).
-pub(crate) struct Runner<'a> {
-    pub(crate) dev: &'a SimDev,
-    pub(crate) ctx: &'a SimCtx,
-    pub(crate) space: *mut crate::abi::GmemSpaceHandle,
+pub(crate) struct Runner<'a, 's> {
+    dev: &'a SimDev,
+    ctx: &'a SimCtx,
+    session: &'a Session<'s, SimDev>,
     pub(crate) out: Outcome,
     scratch: KVec<u32>,
 }
 
-/// Result of translating one page for an access.
-enum Xlate {
-    Hit(*mut bindings::page),
-    Miss,
-}
-
-impl<'a> Runner<'a> {
-    pub(crate) fn new(dev: &'a SimDev, ctx: &'a SimCtx, space: *mut crate::abi::GmemSpaceHandle) -> Result<Self> {
+impl<'a, 's> Runner<'a, 's> {
+    pub(crate) fn new(dev: &'a SimDev, session: &'a Session<'s, SimDev>) -> Result<Self> {
         let mut scratch = KVec::with_capacity(PAGE_SIZE / 4, GFP_KERNEL)?;
         for _ in 0..PAGE_SIZE / 4 {
             scratch.push(0u32, GFP_KERNEL)?;
         }
-        Ok(Runner { dev, ctx, space, out: Outcome::default(), scratch })
-    }
-
-    fn xlate(pte: u64, write: bool, dev: &SimDev) -> Xlate {
-        match decode(pte) {
-            Some((_, false)) if write => Xlate::Miss,
-            Some((Target::Frame(f), _)) => dev.pool.frame(f).map_or(Xlate::Miss, Xlate::Hit),
-            Some((Target::Host(p), _)) => Xlate::Hit(p),
-            None => Xlate::Miss,
-        }
+        Ok(Runner { dev, ctx: session.context(), session, out: Outcome::default(), scratch })
     }
 
     /// Reports a batch of misses to gmem.
@@ -153,30 +153,31 @@ impl<'a> Runner<'a> {
         if buf.addrs.is_empty() {
             return Ok(());
         }
-        let access = if write { GMEM_ACCESS_WRITE } else { GMEM_ACCESS_READ };
+        let access = if write { Access::Write } else { Access::Read };
         // Counts of a launch that may run until it is killed: a wrap takes 2^64 faults, but
         // must not panic either.
         self.out.faults = self.out.faults.wrapping_add(buf.addrs.len() as u64);
         self.out.batches = self.out.batches.wrapping_add(1);
         self.dev.count_faults(buf.addrs.len() as u64);
-        let r = self.dev.fault(self.space, &buf.addrs, access);
+        let r = self.session.fault(&buf.addrs, access);
         buf.addrs.clear();
         r
     }
 
-    /// Makes sure every page of `pages` (page-aligned addresses) is mapped for `write`,
-    /// faulting the missing ones in batches of at most `FAULT_BUFFER`.
+    /// Makes sure every page of `pages` (addresses, reported to gmem as they are: a GATHER
+    /// passes unaligned ones and duplicates) is mapped for `write`, faulting the missing
+    /// ones in batches of at most `FAULT_BUFFER`.
     fn ensure(&mut self, pages: impl Iterator<Item = u64> + Clone, write: bool) -> Result {
         let mut buf = FaultBuffer { addrs: KVec::with_capacity(FAULT_BUFFER, GFP_KERNEL)? };
         // A pass reports at most one buffer; more misses than that take more passes. Pages
         // may be unmapped again under us (eviction), so the passes are bounded. Every pass
         // starts at a checkpoint: this is the one loop every kernel goes through per chunk.
         for _pass in 0..MAX_REPLAYS * 64 {
-            checkpoint()?;
+            checkpoint(self.session)?;
             {
                 let pt = self.ctx.pt.lock();
                 for va in pages.clone() {
-                    if let Xlate::Miss = Self::xlate(pt.lookup(va), write, self.dev) {
+                    if !pt.present(va, write, &self.dev.pool) {
                         buf.addrs.push(va, GFP_KERNEL)?;
                         if buf.addrs.len() == FAULT_BUFFER {
                             break;
@@ -200,32 +201,25 @@ impl<'a> Runner<'a> {
         va: u64,
         write: bool,
         va2: Option<(u64, bool)>,
-        mut f: impl FnMut(*mut u8, Option<*mut u8>, &mut [u32]) -> R,
+        mut f: impl FnMut(&Mapped<'_>, Option<&Mapped<'_>>, &mut [u32]) -> Result<R>,
     ) -> Result<R> {
+        let pool = &self.dev.pool;
         for _ in 0..MAX_REPLAYS {
             {
                 let mut pt = self.ctx.pt.lock();
-                let p1 = Self::xlate(pt.lookup(va), write, self.dev);
-                let p2 = va2.map(|(v, w)| Self::xlate(pt.lookup(v), w, self.dev));
-                if let Xlate::Hit(_) = p1 {
+                let hit1 = pt.present(va, write, pool);
+                let hit2 = va2.map(|(v, w)| pt.present(v, w, pool));
+                if hit1 {
                     pt.touch(va & !PAGE_OFFSET);
                 }
-                if let (Some((v, _)), Some(Xlate::Hit(_))) = (va2, &p2) {
+                if let (Some((v, _)), Some(true)) = (va2, hit2) {
                     pt.touch(v & !PAGE_OFFSET);
                 }
-                match (p1, p2) {
-                    (Xlate::Hit(a), None) => {
-                        // SAFETY: the PTE maps a live page (frames are ours; host pages are
-                        // not freed before the core unmaps them, which needs this lock).
-                        let m = unsafe { Mapped::new(a) };
-                        return Ok(f(m.ptr(), None, &mut self.scratch));
-                    }
-                    (Xlate::Hit(a), Some(Xlate::Hit(b))) => {
-                        // SAFETY: as above, for both pages.
-                        let (m1, m2) = unsafe { (Mapped::new(a), Mapped::new(b)) };
-                        return Ok(f(m1.ptr(), Some(m2.ptr()), &mut self.scratch));
-                    }
-                    _ => {}
+                if hit1 && hit2 != Some(false) {
+                    // Both present (just checked, under the same lock guard).
+                    let m1 = pt.page(va, write, pool).ok_or(EIO)?;
+                    let m2 = va2.map(|(v, w)| pt.page(v, w, pool).ok_or(EIO)).transpose()?;
+                    return f(&m1, m2.as_ref(), &mut self.scratch);
                 }
             }
             self.ensure(core::iter::once(va & !PAGE_OFFSET), write)?;
@@ -265,6 +259,7 @@ impl<'a> Runner<'a> {
                 })
             }
             K_TOUCH => self.touch(l),
+            K_GATHER => self.gather(l),
             _ => Err(EINVAL),
         }
     }
@@ -301,27 +296,17 @@ impl<'a> Runner<'a> {
             self.access(d, true, s.map(|s| (s, false)), |pd, ps, scratch| {
                 // Read the source first (it may alias the destination page).
                 if let (Some(ps), Some(so)) = (ps, so) {
-                    // SAFETY: `so < PAGE_SIZE`: inside the mapped source page.
-                    let src = unsafe { ps.add(so) }.cast::<u32>();
                     for (k, slot) in scratch.iter_mut().enumerate().take(words) {
-                        // SAFETY: word `k < words` ends at `so + 4(k + 1) <= PAGE_SIZE` by the
-                        // segment bound.
-                        *slot = unsafe { src.add(k).read_unaligned() };
+                        *slot = ps.read_u32(so + 4 * k)?;
                     }
                 }
-                // SAFETY: `do_ < PAGE_SIZE`: inside the mapped destination page.
-                let dst = unsafe { pd.add(do_) }.cast::<u32>();
                 for k in 0..words {
-                    // SAFETY: word `k < words` ends at `do_ + 4(k + 1) <= PAGE_SIZE` by the
-                    // segment bound.
-                    let p = unsafe { dst.add(k) };
-                    // SAFETY: as above.
-                    let mut w = unsafe { p.read_unaligned() };
+                    let mut w = pd.read_u32(do_ + 4 * k)?;
                     // A word index below `len / 4`: cannot wrap.
                     f(base.wrapping_add(k as u64), &mut w, if ps.is_some() { scratch[k] } else { 0 });
-                    // SAFETY: as above.
-                    unsafe { p.write_unaligned(w) };
+                    pd.write_u32(do_ + 4 * k, w)?;
                 }
+                Ok(())
             })?;
             off = add(off, seg)?;
         }
@@ -342,13 +327,10 @@ impl<'a> Runner<'a> {
             let so = usize::try_from(s & PAGE_OFFSET).map_err(|_| EOVERFLOW)?;
             let words = usize::try_from(seg / 4).map_err(|_| EOVERFLOW)?;
             self.access(s, false, None, |ps, _, _| {
-                // SAFETY: `so < PAGE_SIZE`: inside the mapped page.
-                let src = unsafe { ps.add(so) }.cast::<u32>();
                 for k in 0..words {
-                    // SAFETY: word `k < words` ends at `so + 4(k + 1) <= PAGE_SIZE` by the
-                    // segment bound.
-                    f(unsafe { src.add(k).read_unaligned() });
+                    f(ps.read_u32(so + 4 * k)?);
                 }
+                Ok(())
             })?;
             off = add(off, seg)?;
         }
@@ -383,19 +365,44 @@ impl<'a> Runner<'a> {
             for i in 0..batch.len() {
                 let va = batch[i];
                 let v = self.access(va, write, None, |p, _, _| {
-                    let w = p.cast::<u32>();
-                    // SAFETY: word 0 of a mapped page.
-                    let v = unsafe { w.read() };
+                    let v = p.read_u32(0)?;
                     if write {
-                        // SAFETY: as above, and the PTE is writable.
-                        unsafe { w.write(v.wrapping_add(1)) };
+                        p.write_u32(0, v.wrapping_add(1))?;
                     }
-                    v
+                    Ok(v)
                 })?;
                 self.out.result = self.out.result.wrapping_add(u64::from(v));
             }
             done = add(done, n)?;
         }
+        Ok(())
+    }
+
+    /// GATHER: reads the word at each of `count` addresses (any order, duplicates, any
+    /// offset in a page that is a multiple of 4), all reported to gmem as they are in one
+    /// fault batch per fault buffer, as a GPU's gather instruction would; writes the words
+    /// to the user buffer `b`. `result` is the number of words read.
+    fn gather(&mut self, l: &Launch) -> Result {
+        // `check` bounds `count` by MAX_GATHER.
+        let n = usize::try_from(l.count).map_err(|_| EINVAL)?;
+        let mut addrs = KVec::with_capacity(n, GFP_KERNEL)?;
+        let mut r = UserSlice::new(UserPtr::from_addr(usize::try_from(l.a).map_err(|_| EFAULT)?), n * 8).reader();
+        for _ in 0..n {
+            let a: u64 = r.read()?;
+            if a % 4 != 0 {
+                return Err(EINVAL);
+            }
+            addrs.push(a, GFP_KERNEL)?;
+        }
+        self.ensure(addrs.iter().copied(), false)?;
+        let mut w = UserSlice::new(UserPtr::from_addr(usize::try_from(l.b).map_err(|_| EFAULT)?), n * 4).writer();
+        for &a in addrs.iter() {
+            // `a % 4 == 0`, so the word lies inside its page.
+            let off = usize::try_from(a & PAGE_OFFSET).map_err(|_| EOVERFLOW)?;
+            let v = self.access(a, false, None, |p, _, _| p.read_u32(off))?;
+            w.write(&v)?;
+        }
+        self.out.result = l.count;
         Ok(())
     }
 }

@@ -1,35 +1,59 @@
 // SPDX-License-Identifier: GPL-2.0
 //! The simulated device's memory: a pool of frames (real pages owned by the driver), the
-//! copy engine that moves pages between host and frames, and a scoped CPU mapping of a page.
+//! copy engine's page copies, and a scoped CPU mapping of a page with bounds-checked word
+//! access. This file (and `sim_pt::PageTable::page`, which decides which page may be
+//! mapped) is where the driver touches memory; everything above it is safe code.
 
+use core::marker::PhantomData;
+use crate::gmem;
 use kernel::{bindings, page::Page, prelude::*};
 
 pub(crate) const PAGE_SIZE: usize = 4096;
 
-/// A page mapped into the kernel's address space for the guard's lifetime.
+/// A page mapped into the kernel's address space for the guard's lifetime `'g` (which the
+/// caller ties to whatever keeps the page allocated, e.g. a page-table lock guard).
 ///
 /// # Invariants
 /// `addr` is `kmap_local_page(page)` of a page that stays allocated while the guard lives;
 /// guards are dropped in reverse order of creation (they are locals), as kmap_local needs.
-pub(crate) struct Mapped {
+pub(crate) struct Mapped<'g> {
     addr: *mut u8,
+    _page: PhantomData<&'g ()>,
 }
 
-impl Mapped {
+impl<'g> Mapped<'g> {
     /// # Safety
-    /// `page` must be a valid page that stays allocated while the guard lives.
-    pub(crate) unsafe fn new(page: *mut bindings::page) -> Mapped {
+    /// `page` must be a valid page that stays allocated for `'g`.
+    pub(crate) unsafe fn new(page: *mut bindings::page) -> Mapped<'g> {
         // SAFETY: `page` is valid by the caller's contract.
         let addr = unsafe { bindings::kmap_local_page(page) }.cast::<u8>();
-        Mapped { addr }
+        // INVARIANT: mapped just now; lifetime by the caller's contract.
+        Mapped { addr, _page: PhantomData }
     }
 
-    pub(crate) fn ptr(&self) -> *mut u8 {
-        self.addr
+    /// The word at byte offset `off` (any alignment); `EINVAL` past the page.
+    pub(crate) fn read_u32(&self, off: usize) -> Result<u32> {
+        if off.checked_add(4).is_none_or(|e| e > PAGE_SIZE) {
+            return Err(EINVAL);
+        }
+        // SAFETY: `off + 4 <= PAGE_SIZE`: inside the mapped page (type invariant). The
+        // device's memory may be written by another launch at the same time (as on real
+        // hardware); a raw unaligned read of plain integers is what a device load is.
+        Ok(unsafe { self.addr.add(off).cast::<u32>().read_unaligned() })
+    }
+
+    /// Stores `v` at byte offset `off` (any alignment); `EINVAL` past the page.
+    pub(crate) fn write_u32(&self, off: usize, v: u32) -> Result {
+        if off.checked_add(4).is_none_or(|e| e > PAGE_SIZE) {
+            return Err(EINVAL);
+        }
+        // SAFETY: as in `read_u32`; the caller's page-table entry allows writes.
+        unsafe { self.addr.add(off).cast::<u32>().write_unaligned(v) };
+        Ok(())
     }
 }
 
-impl Drop for Mapped {
+impl Drop for Mapped<'_> {
     fn drop(&mut self) {
         // SAFETY: `addr` came from `kmap_local_page` (type invariant).
         unsafe { bindings::kunmap_local(self.addr.cast()) };
@@ -40,22 +64,22 @@ impl Drop for Mapped {
 ///
 /// # Safety
 /// Both pages must be valid and stay allocated during the call; they must differ.
-pub(crate) unsafe fn copy_page(dst: *mut bindings::page, src: *mut bindings::page) {
+unsafe fn copy_page(dst: *mut bindings::page, src: *mut bindings::page) {
     // SAFETY: valid pages by the caller's contract.
     let (s, d) = unsafe { (Mapped::new(src), Mapped::new(dst)) };
     // SAFETY: both mappings cover PAGE_SIZE bytes of distinct pages.
-    unsafe { core::ptr::copy_nonoverlapping(s.ptr(), d.ptr(), PAGE_SIZE) };
+    unsafe { core::ptr::copy_nonoverlapping(s.addr, d.addr, PAGE_SIZE) };
 }
 
 /// Zero-fills one page.
 ///
 /// # Safety
 /// `page` must be valid and stay allocated during the call.
-pub(crate) unsafe fn zero_page(page: *mut bindings::page) {
+unsafe fn zero_page(page: *mut bindings::page) {
     // SAFETY: valid page by the caller's contract.
     let m = unsafe { Mapped::new(page) };
     // SAFETY: the mapping covers PAGE_SIZE bytes.
-    unsafe { core::ptr::write_bytes(m.ptr(), 0, PAGE_SIZE) };
+    unsafe { core::ptr::write_bytes(m.addr, 0, PAGE_SIZE) };
 }
 
 /// The device memory pool: `frames.len()` pages, indexed by frame number.
@@ -76,8 +100,50 @@ impl Pool {
         self.frames.len()
     }
 
-    /// The page behind frame `f`, if it exists.
+    /// The page behind frame `f`, if it exists. It stays allocated as long as the pool.
     pub(crate) fn frame(&self, f: u64) -> Option<*mut bindings::page> {
         self.frames.get(usize::try_from(f).ok()?).map(|p| p.as_ptr())
+    }
+
+    /// Frame `f` as a page the CPU can map (`Driver::frame_page`); it lives as long as the
+    /// pool, which outlives the device's registration.
+    pub(crate) fn frame_host_page(&self, f: u64) -> Option<gmem::HostPage> {
+        self.frames.get(usize::try_from(f).ok()?).and_then(gmem::HostPage::of)
+    }
+
+    /// Copies `src` into frame `f`. `EINVAL` for a frame outside the pool.
+    pub(crate) fn upload(&self, f: u64, src: gmem::HostPage) -> Result {
+        let dst = self.frame(f).ok_or(EINVAL)?;
+        // SAFETY: the frame is a page of this pool; gmem keeps the host page allocated for
+        // the copy call (`HostPage`'s invariant); a host page is never one of our frames.
+        unsafe { copy_page(dst, src.as_ptr()) };
+        Ok(())
+    }
+
+    /// Copies frame `f` into `dst`. `EINVAL` for a frame outside the pool.
+    pub(crate) fn download(&self, f: u64, dst: gmem::HostPage) -> Result {
+        let src = self.frame(f).ok_or(EINVAL)?;
+        // SAFETY: as in `upload`.
+        unsafe { copy_page(dst.as_ptr(), src) };
+        Ok(())
+    }
+
+    /// Copies frame `f` into frame `pf` of `peer` (another device's pool).
+    pub(crate) fn to_peer(&self, f: u64, peer: &Pool, pf: u64) -> Result {
+        let (src, dst) = (self.frame(f).ok_or(EINVAL)?, peer.frame(pf).ok_or(EINVAL)?);
+        if core::ptr::eq(self, peer) && f == pf {
+            return Err(EINVAL);
+        }
+        // SAFETY: both are pages of live pools, and distinct (checked above).
+        unsafe { copy_page(dst, src) };
+        Ok(())
+    }
+
+    /// Zero-fills frame `f`.
+    pub(crate) fn zero(&self, f: u64) -> Result {
+        let p = self.frame(f).ok_or(EINVAL)?;
+        // SAFETY: a page of this pool.
+        unsafe { zero_page(p) };
+        Ok(())
     }
 }

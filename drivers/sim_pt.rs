@@ -11,6 +11,7 @@
 //! Every device access translates and touches memory under `SimCtx::pt`, and `unmap` takes
 //! the same lock: once the core's unmap returns, no access to the old page is in flight.
 
+use crate::sim_mem::{Mapped, Pool};
 use kernel::{bindings, new_mutex, prelude::*, sync::Mutex};
 
 pub(crate) const PTE_VALID: u64 = 1;
@@ -90,6 +91,31 @@ impl PageTable {
 
     pub(crate) fn lookup(&self, va: u64) -> u64 {
         self.leaf(va >> 21).map_or(0, |l| l.get(((va >> 12) as usize) % LEAF))
+    }
+
+    /// The page `va` translates to for an access (`write` needs a writable entry), if any:
+    /// a frame of `pool` or a remote host page.
+    fn resolve(&self, va: u64, write: bool, pool: &Pool) -> Option<*mut bindings::page> {
+        match decode(self.lookup(va))? {
+            (_, false) if write => None,
+            (Target::Frame(f), _) => pool.frame(f),
+            (Target::Host(p), _) => Some(p),
+        }
+    }
+
+    /// Whether a device access to `va` hits (else it faults).
+    pub(crate) fn present(&self, va: u64, write: bool, pool: &Pool) -> bool {
+        self.resolve(va, write, pool).is_some()
+    }
+
+    /// Maps the page `va` translates to, for as long as this page table stays borrowed
+    /// (i.e. its lock stays held); `None` on a miss.
+    pub(crate) fn page(&self, va: u64, write: bool, pool: &Pool) -> Option<Mapped<'_>> {
+        let p = self.resolve(va, write, pool)?;
+        // SAFETY: a frame is a page of the device's pool, which outlives every context; a
+        // host page stays allocated until the unmap of its address returned (gmem's
+        // contract), and unmap takes the lock whose guard this borrow comes from.
+        Some(unsafe { Mapped::new(p) })
     }
 
     fn leaf_mut(&mut self, va: u64) -> Option<&mut Leaf> {

@@ -2,153 +2,294 @@
 /*
  * GMEM driver API: how an accelerator driver plugs into gmem.ko.
  *
- * A driver registers a device with a table of callbacks (struct gmem_dev_ops) and the size of
- * its memory pool in 4 KiB frames. The core owns placement: it allocates frames, decides what
- * moves where, and drives the driver's page table and copy engine through the callbacks.
- * The driver reports device page faults in batches with gmem_dev_fault().
- *
- * Contract of every callback: it may sleep, it is never called with a spinlock held, and it
- * must not call back into gmem (no gmem_dev_fault() from inside a callback). No callback is
- * made with a context after ctx_destroy() of that context started, and none at all after
- * gmem_dev_unregister() returned.
- * See Documentation/driver-api.rst.
+ * Documentation/driver-api.rst is the driver author's guide; this header is the reference.
+ * Every item carries a kernel-doc comment (scripts/check-kdoc.py checks that, and that
+ * scripts/kernel-doc -Wall has nothing to say about it).
  */
 #ifndef _LINUX_GMEM_H
 #define _LINUX_GMEM_H
 
 #include <linux/types.h>
 
-#define GMEM_DRIVER_ABI_VERSION 3	/* 2: ops gained test_clear_accessed; 3: 2 MiB PTEs */
+/**
+ * DOC: Overview
+ *
+ * A driver registers a device with a table of callbacks (&struct gmem_dev_ops) and the
+ * size of its memory pool in 4 KiB frames (&struct gmem_dev_props). The core owns
+ * placement: it allocates frames, decides what moves where, and drives the driver's page
+ * table and copy engine through the callbacks. The driver reports device page faults in
+ * batches with gmem_dev_fault(), inside a reference on the faulting process's space
+ * (gmem_space_get_current()) and its context (gmem_space_ctx()).
+ *
+ * Contract of every callback: it may sleep; it is never called with a spinlock held (but
+ * usually with gmem mutexes and the space's mmap lock held); it must not call back into
+ * gmem. No callback is made with a context after ctx_destroy() of that context started,
+ * and none at all after gmem_dev_unregister() returned.
+ */
+
+/**
+ * define GMEM_DRIVER_ABI_VERSION - version of this API, for &gmem_dev_props.abi_version
+ *
+ * 2: the ops gained @test_clear_accessed; 3: 2 MiB device mappings (&gmem_pte.flags,
+ * &gmem_dev_props.caps). &struct gmem_dev_ops has no size field: the version stands for
+ * its length, so any growth of the table bumps it. Registration refuses other versions.
+ */
+#define GMEM_DRIVER_ABI_VERSION 3
 
 struct page;
-struct gmem_dev;	/* a registered device (opaque, owned by gmem.ko) */
-struct gmem_space;	/* one process's GMEM address space (opaque, refcounted) */
+struct gmem_dev;
+struct gmem_space;
 
-/* Access kind of a device fault. */
+/**
+ * define GMEM_ACCESS_READ - a device fault on a read (gmem_dev_fault() @access)
+ */
 #define GMEM_ACCESS_READ	1u
+/**
+ * define GMEM_ACCESS_WRITE - a device fault on a write: a read-only mapping is not enough
+ */
 #define GMEM_ACCESS_WRITE	2u
 
-/* Protection of a device PTE. */
+/**
+ * define GMEM_PROT_READ - &gmem_pte.prot: the device may read through the entry (always set)
+ */
 #define GMEM_PROT_READ		1u
+/**
+ * define GMEM_PROT_WRITE - &gmem_pte.prot: the device may also write through the entry
+ *
+ * A clean page (whose host copy is still valid) is mapped without it, so that the device's
+ * first write faults and gmem learns the page is dirty.
+ */
 #define GMEM_PROT_WRITE		2u
 
-/* Flags of a device PTE. */
-#define GMEM_PTE_2M		1u	/* one entry for 512 pages (needs GMEM_DEV_CAP_MAP_2M) */
-
-/*
- * One device page-table entry to install. If @host is non-NULL the device maps that host page
- * remotely (over the link, no migration) and @frame is ignored; otherwise @frame is a frame
- * index of this device's pool.
+/**
+ * define GMEM_PTE_2M - &gmem_pte.flags: one entry for the 512 pages of a 2 MiB block
  *
- * With GMEM_PTE_2M in @flags (only sent to a device that declared GMEM_DEV_CAP_MAP_2M) the
- * entry maps the 2 MiB at @va (2 MiB-aligned) to the 512 frames @frame .. @frame + 511
- * (@frame a multiple of 512), all with @prot; @host is NULL. It replaces whatever 4 KiB
- * entries the range had. The core sends one only when every page of the 2 MiB is resident
- * on the device in exactly those frames.
+ * Sent only to a device that declared %GMEM_DEV_CAP_MAP_2M.
+ */
+#define GMEM_PTE_2M		1u
+
+/**
+ * struct gmem_pte - one device page-table entry to install
+ * @va: device virtual address (the process's address), page aligned; 2 MiB aligned with
+ *      %GMEM_PTE_2M
+ * @frame: frame index in this device's pool (when @host is NULL); with %GMEM_PTE_2M the
+ *         first of 512 frames, a multiple of 512
+ * @host: if non-NULL, map this host page remotely (over the link, no migration) and
+ *        ignore @frame; it stays allocated until an unmap of @va returned
+ * @prot: %GMEM_PROT_READ, or %GMEM_PROT_READ | %GMEM_PROT_WRITE
+ * @flags: 0, or %GMEM_PTE_2M (was padding before ABI 3)
+ *
+ * With %GMEM_PTE_2M the entry maps the 2 MiB at @va to frames @frame .. @frame + 511,
+ * all with @prot, @host NULL, replacing whatever 4 KiB entries the range had. The core
+ * sends one only when every page of the block is resident on the device in exactly
+ * those frames.
  */
 struct gmem_pte {
 	__u64 va;
 	__u64 frame;
 	struct page *host;
 	__u32 prot;
-	__u32 flags;		/* GMEM_PTE_* (was padding before ABI 3: zero) */
+	__u32 flags;
 };
 
-/* Copy directions. */
-#define GMEM_COPY_H2D		0u	/* host page -> frame */
-#define GMEM_COPY_D2H		1u	/* frame -> host page */
-#define GMEM_COPY_D2D		2u	/* frame -> peer_frame on the peer device */
-#define GMEM_COPY_ZERO		3u	/* zero-fill frame (host unused) */
+/**
+ * define GMEM_COPY_H2D - copy direction: host page &gmem_copy.host -> frame &gmem_copy.frame
+ */
+#define GMEM_COPY_H2D		0u
+/**
+ * define GMEM_COPY_D2H - copy direction: frame &gmem_copy.frame -> host page &gmem_copy.host
+ *
+ * The whole host page must be written: gmem does not clear it first.
+ */
+#define GMEM_COPY_D2H		1u
+/**
+ * define GMEM_COPY_D2D - copy direction: frame &gmem_copy.frame -> &gmem_copy.peer_frame
+ * of the peer device (another device registered with the same ops table)
+ */
+#define GMEM_COPY_D2D		2u
+/**
+ * define GMEM_COPY_ZERO - copy direction: zero-fill frame &gmem_copy.frame (host unused)
+ */
+#define GMEM_COPY_ZERO		3u
 
+/**
+ * struct gmem_copy - one page of a copy batch
+ * @host: source of %GMEM_COPY_H2D, destination of %GMEM_COPY_D2H; NULL otherwise
+ * @frame: a frame of the device whose @copy op is called
+ * @peer_frame: destination frame on the peer device (%GMEM_COPY_D2D only)
+ *
+ * gmem owns every page and frame named here for the duration of the call; source and
+ * destination never overlap.
+ */
 struct gmem_copy {
-	struct page *host;	/* H2D source / D2H destination */
-	__u64 frame;		/* this device's frame */
-	__u64 peer_frame;	/* D2D destination frame on the peer device */
+	struct page *host;
+	__u64 frame;
+	__u64 peer_frame;
 };
 
+/**
+ * struct gmem_dev_ops - the callbacks of a device
+ * @ctx_create: create the device page table ("context") of one address space and store
+ *	it in *@ctx. Returns 0 or a negative errno (propagated to whoever needed it).
+ * @ctx_destroy: destroy a context. Called once per context, when its space dies or at
+ *	gmem_dev_unregister(); no callback uses it afterwards.
+ * @map: install @n entries in @ctx, replacing what their addresses had. A 4 KiB entry
+ *	inside a 2 MiB one splits the 2 MiB entry first. Must not fail for valid input
+ *	except with -ENOMEM; entries installed before a failure may stay.
+ * @unmap: remove the entries of [@va, @va + @npages * 4K) in @ctx; missing ones are
+ *	ignored. A 2 MiB entry the range covers only in part is split (the pages outside
+ *	stay mapped, same frames and protection). Cannot fail, so a driver that maps 2 MiB
+ *	entries keeps what a split needs at hand.
+ * @tlb_invalidate: called right after every @unmap with the same range: once it returns,
+ *	no device access through the removed entries is in flight or can start.
+ * @copy: copy @n pages in direction @dir (a GMEM_COPY_* value); @peer_drv is the
+ *	peer's @drv for %GMEM_COPY_D2D, NULL otherwise. Synchronous: the data is at the
+ *	destination on return 0. On error the migration is abandoned (the source stays
+ *	valid) and the errno propagated.
+ * @frame_page: optional: the host-visible page behind a frame (kept valid while the
+ *	device is registered), or NULL if the CPU cannot map it.
+ * @test_clear_accessed: optional: test and clear the device's accessed bit of the page
+ *	at @va in @ctx; 1 if the device touched it since the last call, 0 if not or if
+ *	unmapped. Pages under a 2 MiB entry answer one by one (hardware with one bit per
+ *	2 MiB entry shadows it per page). Feeds replacement (second chance) and prefetch
+ *	accounting; without it gmem sees only accesses that fault.
+ *
+ * Every callback gets the @drv of &struct gmem_dev_props first. Every callback may sleep,
+ * is never called with a spinlock held, may run concurrently with any other (for other
+ * pages, spaces and devices) and from any task, and must not call into gmem. All but
+ * @frame_page and @test_clear_accessed are mandatory.
+ */
 struct gmem_dev_ops {
-	/* Create/destroy the device page table ("context") of one address space. */
 	int (*ctx_create)(void *drv, void **ctx);
 	void (*ctx_destroy)(void *drv, void *ctx);
-	/*
-	 * Install @n PTEs in @ctx. Must not fail for valid input except with -ENOMEM. A 4 KiB
-	 * entry inside a 2 MiB one splits the 2 MiB entry first (see unmap).
-	 */
 	int (*map)(void *drv, void *ctx, const struct gmem_pte *ptes, __u32 n);
-	/*
-	 * Remove the PTEs of [va, va + npages * 4K) in @ctx; unmapped pages are ignored. A
-	 * 2 MiB entry the range covers only in part is split: the pages outside the range stay
-	 * mapped, each with its 4 KiB entry (same frame, same protection). Cannot fail, so a
-	 * driver that maps 2 MiB entries keeps what a split needs (e.g. the leaf table) ready.
-	 */
 	void (*unmap)(void *drv, void *ctx, __u64 va, __u64 npages);
-	/* Make earlier unmaps visible to the device (flush its TLBs). */
 	void (*tlb_invalidate)(void *drv, void *ctx, __u64 va, __u64 npages);
-	/* Copy @n pages in direction @dir; @peer_drv is the peer's drv for D2D. Synchronous. */
 	int (*copy)(void *drv, __u32 dir, const struct gmem_copy *c, __u32 n, void *peer_drv);
-	/* Optional: the host-visible page behind a frame, for CPU remote mapping (NULL: none). */
 	struct page *(*frame_page)(void *drv, __u64 frame);
-	/*
-	 * Optional: test and clear the device's accessed bit of the PTE at @va in @ctx.
-	 * Returns 1 if the device touched the page since the last call, 0 if not (or unmapped).
-	 * Pages under a 2 MiB entry are asked about one by one and must answer for
-	 * themselves: hardware with one bit per 2 MiB entry must shadow it per page (else
-	 * the first test would clear it for all 512 and the rest would look unused).
-	 * Feeds gmem's replacement order (second chance) and prefetch accounting.
-	 */
 	int (*test_clear_accessed)(void *drv, void *ctx, __u64 va);
 };
 
-/* Capabilities a driver declares in gmem_dev_props.caps. */
-#define GMEM_DEV_CAP_MAP_2M	1u	/* map takes GMEM_PTE_2M entries */
+/**
+ * define GMEM_DEV_CAP_MAP_2M - &gmem_dev_props.caps: @map takes %GMEM_PTE_2M entries
+ */
+#define GMEM_DEV_CAP_MAP_2M	1u
 
+/**
+ * struct gmem_dev_props - what a driver tells gmem about a device at registration
+ * @size: sizeof(struct gmem_dev_props)
+ * @abi_version: %GMEM_DRIVER_ABI_VERSION
+ * @name: name shown in gmem's debugfs and logs (read during the call only)
+ * @nr_frames: capacity of the device memory pool, in 4 KiB frames (1 .. U32_MAX)
+ * @drv: opaque; passed back as the first argument of every callback
+ * @caps: GMEM_DEV_CAP_* bits; unknown bits are refused
+ * @__reserved: zero
+ */
 struct gmem_dev_props {
-	__u32 size;		/* sizeof(struct gmem_dev_props) */
-	__u32 abi_version;	/* GMEM_DRIVER_ABI_VERSION */
+	__u32 size;
+	__u32 abi_version;
 	const char *name;
-	__u64 nr_frames;	/* capacity of the device memory pool, 4 KiB frames */
-	void *drv;		/* passed back as first argument of every callback */
-	__u32 caps;		/* GMEM_DEV_CAP_*; unknown bits are refused (-EINVAL) */
-	__u32 __reserved;	/* zero */
+	__u64 nr_frames;
+	void *drv;
+	__u32 caps;
+	__u32 __reserved;
 };
 
-/* Returns the device or an ERR_PTR(). Every op except frame_page is mandatory. */
+/**
+ * gmem_dev_register() - register a device
+ * @ops: its callbacks; must stay valid and unchanged until gmem_dev_unregister() returned
+ * @props: its properties; read during the call only
+ *
+ * Context: process context, may sleep. gmem.ko must be loaded (the symbol is its own).
+ * Return: the device, or ERR_PTR(-EINVAL) for a bad @ops/@props (NULL, wrong size or
+ * version, a mandatory op missing, @nr_frames out of range, unknown caps, nonzero
+ * reserved), ERR_PTR(-EBUSY) when 16 devices are registered, ERR_PTR(-ENOMEM).
+ */
 struct gmem_dev *gmem_dev_register(const struct gmem_dev_ops *ops,
 				   const struct gmem_dev_props *props);
-/*
- * Marks the device dead, evacuates every page resident on it to host memory (retrying with
- * backoff; a page whose data still cannot be saved becomes "lost": SIGBUS/-EIO/QUERY
+
+/**
+ * gmem_dev_unregister() - remove a device, saving its pages
+ * @dev: a device from gmem_dev_register(), not yet unregistered
+ *
+ * Marks the device dead, evacuates every page resident on it to host memory (retrying
+ * with backoff; a page whose data still cannot be saved becomes "lost": SIGBUS/-EIO/QUERY
  * GMEM_LOC_LOST), waits for every callback of the device still running, destroys every
- * context of the device, then forgets the device. No callback is made after it returns.
- * Call it once, with no lock held that a callback takes, after the driver stopped calling
- * gmem_dev_fault() for the device.
+ * context of the device, then forgets the device. The callbacks must keep working
+ * during the call.
+ *
+ * Context: process context, may sleep for long (evacuation). Call it once, with no lock
+ * held that a callback takes, after the driver stopped calling gmem_dev_fault() and
+ * using its contexts for the device (this is the driver's hot-unplug quiescing).
+ * No callback is made after it returns; the driver may then free @drv and its memory.
  */
 void gmem_dev_unregister(struct gmem_dev *dev);
-/* Small integer id of the device (as used in the user API), >= 0. */
+
+/**
+ * gmem_dev_id() - the device's id in the user API
+ * @dev: a registered device
+ *
+ * Context: any.
+ * Return: the small integer id (0..15) userspace uses to name the device.
+ */
 int gmem_dev_id(const struct gmem_dev *dev);
 
-/* The GMEM space of the calling process, with a reference; ERR_PTR(-ENOENT) if none. */
+/**
+ * gmem_space_get_current() - the GMEM space of the calling process, with a reference
+ *
+ * Context: process context.
+ * Return: the space, or ERR_PTR(-ENOENT) if the process has no /dev/gmem open.
+ */
 struct gmem_space *gmem_space_get_current(void);
+
+/**
+ * gmem_space_put() - drop a space reference
+ * @space: from gmem_space_get_current(); NULL and ERR_PTR values are ignored
+ *
+ * Dropping the last reference destroys the space and calls @ctx_destroy of every device
+ * that has a context in it (so do not hold a lock that @ctx_destroy takes).
+ *
+ * Context: process context, may sleep.
+ */
 void gmem_space_put(struct gmem_space *space);
-/*
- * The device's context (page table) for @space, created through ops->ctx_create on first
- * use. Valid while the caller holds its reference on @space. ERR_PTR(-ENODEV) if the device
- * is unregistering.
+
+/**
+ * gmem_space_ctx() - the device's context (page table) for a space
+ * @dev: a registered device
+ * @space: a space the caller holds a reference on
+ *
+ * Created through @ctx_create on first use. Valid while the caller holds its reference
+ * on @space and the device is registered.
+ *
+ * Context: process context, may sleep.
+ * Return: the context, ERR_PTR(-EINVAL) for NULL arguments, ERR_PTR(-ENODEV) if the
+ * device is unregistering, or the error of @ctx_create.
  */
 void *gmem_space_ctx(struct gmem_dev *dev, struct gmem_space *space);
 
-/*
- * Service a batch of device faults of @dev in @space: @n page addresses (any order,
- * duplicates allowed, at most 4096) with the access kind @access. On return 0, every address
- * is mapped in the device's context for @space with at least the access asked for.
- * Errors (the device must fail the kernel that faulted):
- *   -EFAULT  an address is not in a GMEM region of @space, or the process is exiting;
- *   -ENODEV  the device is unregistering;
- *   -EBUSY   the page is pinned on another device;
- *   -ENOMEM  no device frame could be freed (all pinned) or host memory ran out;
- *   -EIO     a page's data was lost when the device holding it was unregistered;
- *   -EXDEV   the page is on a device of another driver (no peer copy between drivers);
- *   -EINVAL  bad arguments; other negative values are the driver's own callback errors.
+/**
+ * gmem_dev_fault() - service a batch of device faults
+ * @dev: the faulting device
+ * @space: the space the faulting kernel runs in (a reference the caller holds)
+ * @addrs: @n addresses of @space: any order, duplicates and any offset in a page allowed
+ * @n: 1 .. 4096
+ * @access: %GMEM_ACCESS_READ and/or %GMEM_ACCESS_WRITE, for the whole batch
+ *
+ * Migrates or maps every page named so that, on return 0, each is mapped in the device's
+ * context for @space with at least the access asked for. Concurrent CPU faults, other
+ * devices, advice or eviction may revoke a mapping again before the device retries, so
+ * the device must be able to fault again (replay).
+ *
+ * Context: process context, may sleep (it may evict other pages, in the calling task);
+ * not from a callback, nor with the space's mmap lock or a lock a callback takes held.
+ * Return: 0, or (the device must fail the kernel that faulted):
+ * -EFAULT an address is not in a GMEM region of @space, or the process is exiting;
+ * -ENODEV the device is unregistering;
+ * -EBUSY the page is pinned on another device;
+ * -ENOMEM no device frame could be freed (all pinned) or host memory ran out;
+ * -EIO a page's data was lost when the device holding it was unregistered;
+ * -EXDEV a peer copy was needed between devices of different drivers;
+ * -EINVAL bad arguments; other negative values are the driver's own callback errors.
  */
 int gmem_dev_fault(struct gmem_dev *dev, struct gmem_space *space,
 		   const __u64 *addrs, __u32 n, __u32 access);

@@ -30,6 +30,11 @@
 #define GMEM_SIM_K_AXPY		4	/* b[i] = value * a[i] + b[i] (mod 2^32) */
 #define GMEM_SIM_K_TOUCH	5	/* count random pages of [a, a+len): read word 0, or
 					   with GMEM_SIM_F_WRITE increment it; result = sum read */
+#define GMEM_SIM_K_GATHER	6	/* a: user pointer to count (1..4096) __u64 addresses
+					   (multiples of 4, any order, duplicates allowed), b: user
+					   pointer to count __u32 words, out[k] = word at addr[k];
+					   len must be 0; the addresses reach gmem as they are (one
+					   fault batch per 256); result = count */
 
 #define GMEM_SIM_F_WRITE	(1u << 0)
 
@@ -77,5 +82,12 @@ struct gmem_sim_fail_copy {
 #define GMEM_SIM_IOC_LAUNCH	_IOWR('S', 0x01, struct gmem_sim_launch)
 #define GMEM_SIM_IOC_INFO	_IOWR('S', 0x02, struct gmem_sim_info)
 #define GMEM_SIM_IOC_FAIL_COPY	_IOW('S', 0x03, struct gmem_sim_fail_copy)
+/*
+ * Hot-unplug the device (as a PCI remove would): running launches end with ENODEV at
+ * their next chunk, gmem saves every page of the device to host memory, and later
+ * launches fail with ENODEV. ENODEV if already unplugged. The driver must be reloaded to
+ * get the device back.
+ */
+#define GMEM_SIM_IOC_UNPLUG	_IO('S', 0x04)
 
 #endif /* _UAPI_LINUX_GMEM_SIM_H */

@@ -10,6 +10,7 @@ mod t_advise;
 mod t_bad;
 mod t_block;
 mod t_basic;
+mod t_conformance;
 mod t_contract;
 mod t_core;
 mod t_fuzz;
@@ -34,7 +35,8 @@ fn all_tests() -> Vec<Test> {
     v.extend(t_limits::tests());
     v.extend(t_fuzz::tests()); // before t_proc: needs both devices loaded throughout
     v.extend(t_proc::tests()); // reloads the simulated driver
-    v.extend(t_unplug::tests()); // last: reload the driver under pressure and races
+    v.extend(t_unplug::tests()); // reload the driver under pressure and races
+    v.extend(t_conformance::tests()); // every driver, hot-unplug included (reloads them)
     v
 }
 

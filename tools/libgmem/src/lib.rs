@@ -8,6 +8,7 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::AsRawFd;
 
+pub mod csample;
 pub mod debugfs;
 pub mod sim;
 pub mod uapi;
@@ -41,6 +42,17 @@ fn last_errno() -> Errno {
 pub unsafe fn ioctl_raw<T>(fd: i32, cmd: u64, arg: *mut T) -> Result<i64> {
     // SAFETY: caller contract: `arg` matches `cmd`.
     let r = unsafe { libc::ioctl(fd, cmd as _, arg) };
+    if r < 0 {
+        Err(last_errno())
+    } else {
+        Ok(r as i64)
+    }
+}
+
+/// An ioctl without argument (`_IO`), e.g. a hot-unplug request.
+pub fn ioctl_none(fd: i32, cmd: u64) -> Result<i64> {
+    // SAFETY: the command takes no argument; the third one is ignored.
+    let r = unsafe { libc::ioctl(fd, cmd as _, 0usize) };
     if r < 0 {
         Err(last_errno())
     } else {

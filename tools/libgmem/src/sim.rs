@@ -11,6 +11,7 @@ pub const K_CHECKSUM: u32 = 2;
 pub const K_COPY: u32 = 3;
 pub const K_AXPY: u32 = 4;
 pub const K_TOUCH: u32 = 5;
+pub const K_GATHER: u32 = 6;
 pub const F_WRITE: u32 = 1;
 
 #[repr(C)]
@@ -63,6 +64,9 @@ pub const GMEM_SIM_IOC_LAUNCH: u64 = iowr_s(0x01, std::mem::size_of::<SimLaunch>
 pub const GMEM_SIM_IOC_INFO: u64 = iowr_s(0x02, std::mem::size_of::<SimInfo>());
 /// `_IOW('S', 0x03, struct gmem_sim_fail_copy)`.
 pub const GMEM_SIM_IOC_FAIL_COPY: u64 = (1u64 << 30) | ((std::mem::size_of::<SimFailCopy>() as u64) << 16) | ((b'S' as u64) << 8) | 0x03;
+
+/// `_IO('S', 0x04)`: hot-unplug the device.
+pub const GMEM_SIM_IOC_UNPLUG: u64 = ((b'S' as u64) << 8) | 0x04;
 
 /// FNV-1a over little-endian u32 words: the device's CHECKSUM kernel, computed on the CPU.
 pub fn checksum(words: &[u32]) -> u64 {
@@ -123,6 +127,19 @@ impl Sim {
 
     pub fn touch(&self, a: u64, len: u64, count: u64, seed: u64, write: bool) -> Result<Outcome> {
         self.launch(K_TOUCH, if write { F_WRITE } else { 0 }, 0, a, 0, len, seed, count)
+    }
+
+    /// Reads the word at each of `addrs` (multiples of 4, any order, duplicates allowed):
+    /// all of them reach gmem as they are, in one fault batch per 256.
+    pub fn gather(&self, addrs: &[u64]) -> Result<(Vec<u32>, Outcome)> {
+        let mut out = vec![0u32; addrs.len()];
+        let o = self.launch(K_GATHER, 0, 0, addrs.as_ptr() as u64, out.as_mut_ptr() as u64, 0, 0, addrs.len() as u64)?;
+        Ok((out, o))
+    }
+
+    /// Hot-unplugs the device: running launches end with ENODEV, gmem saves its pages.
+    pub fn unplug(&self) -> Result<()> {
+        crate::ioctl_none(self.file.as_raw_fd(), GMEM_SIM_IOC_UNPLUG).map(|_| ())
     }
 
     /// Arms a one-shot copy failure: the next copy call of more than `after` pages copies
