@@ -465,8 +465,13 @@ static long cs_run_ioctl(struct cs_dev *d, void __user *uarg)
 	if (!r)
 		return -ENOMEM;
 	r->d = d;
-	down_read(&d->gate);
-	if (d->dead) {
+	/* Killable: an unplug holds the gate through the whole evacuation. */
+	err = down_read_killable(&d->gate);
+	if (err) {
+		kfree(r);
+		return err;
+	}
+	if (READ_ONCE(d->dead)) {
 		err = -ENODEV;
 		goto out_gate;
 	}
@@ -565,7 +570,6 @@ static int cs_add(int index, u64 nr_frames)
 	};
 	struct gmem_dev *g;
 	struct cs_dev *d;
-	int err;
 
 	d = kzalloc(sizeof(*d), GFP_KERNEL);
 	if (!d)
@@ -591,15 +595,22 @@ static int cs_add(int index, u64 nr_frames)
 	d->gdev = g;
 	d->gmem_id = gmem_dev_id(g);
 	cs_devs[index] = d;
+	pr_info("%s: gmem device %d, %llu frames\n", d->name, d->gmem_id, nr_frames);
+	return 0;
+}
+
+/* The node of a device: created once every device is registered (see cs_init). */
+static int cs_add_node(struct cs_dev *d)
+{
+	int err;
+
 	d->misc.minor = MISC_DYNAMIC_MINOR;
 	d->misc.name = d->name;
 	d->misc.fops = &cs_fops;
 	err = misc_register(&d->misc);
-	if (err)
-		return err;	/* cs_exit-style cleanup by the caller */
-	d->misc_registered = true;
-	pr_info("%s: gmem device %d, %llu frames\n", d->name, d->gmem_id, nr_frames);
-	return 0;
+	if (!err)
+		d->misc_registered = true;
+	return err;
 }
 
 static void cs_remove_all(void)
@@ -620,14 +631,25 @@ static int __init cs_init(void)
 
 	if (!nr_devices || nr_devices > CS_MAX_DEVICES || mem_kib < 64 || mem_kib > 65536 || mem_kib % 4)
 		return -EINVAL;
+	/*
+	 * Register every device with gmem first and create the nodes last, so that no file
+	 * can be open on a node while a later step of init may still fail (a failed init
+	 * frees the module whatever is open).
+	 */
 	for (i = 0; i < nr_devices; i++) {
 		err = cs_add(i, mem_kib / 4);
-		if (err) {
-			cs_remove_all();
-			return err;
-		}
+		if (err)
+			goto fail;
+	}
+	for (i = 0; i < nr_devices; i++) {
+		err = cs_add_node(cs_devs[i]);
+		if (err)
+			goto fail;
 	}
 	return 0;
+fail:
+	cs_remove_all();
+	return err;
 }
 
 static void __exit cs_exit(void)

@@ -17,10 +17,11 @@
 //! held, and gmem never holds a spinlock when it calls us. `SIMS` is taken only at open and
 //! module load/unload, never with `pt` held.
 
-use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use kernel::{
     faux,
     fs::File,
+    page::Page,
     ioctl::{_IO, _IOW, _IOWR},
     miscdevice::{MiscDevice, MiscDeviceOptions, MiscDeviceRegistration},
     prelude::*,
@@ -35,7 +36,7 @@ mod sim_kernels;
 mod sim_mem;
 mod sim_pt;
 
-use gmem::{CopyJob, Frame, HostPage, Pte, Registration, Space, Target};
+use gmem::{CopyJob, Frame, Pte, Registration, Space, Target};
 use sim_kernels::{Launch, Runner};
 use sim_mem::Pool;
 use sim_pt::{encode, SimCtx};
@@ -118,7 +119,10 @@ impl SimDev {
             Target::Huge(f) if in_pool(f, HUGE_PAGES) => {
                 pt.set_huge(p.va(), encode(sim_pt::Target::Frame(f.index()), p.writable()))
             }
-            Target::Host(h) => pt.set(p.va(), encode(sim_pt::Target::Host(h.as_ptr()), p.writable())),
+            // The pointer's low bits hold the PTE flags (see `sim_pt`).
+            Target::Host(h) if h.as_ptr() as u64 & sim_pt::PTE_FLAGS == 0 => {
+                pt.set(p.va(), encode(sim_pt::Target::Host(h.as_ptr()), p.writable()))
+            }
             _ => Err(EINVAL),
         }
     }
@@ -192,8 +196,8 @@ impl gmem::Driver for SimDev {
         Ok(())
     }
 
-    fn frame_page(&self, frame: Frame) -> Option<HostPage> {
-        self.live().pool.frame_host_page(frame.index())
+    fn frame_page(&self, frame: Frame) -> Option<&Page> {
+        self.live().pool.frame_ref(frame.index())
     }
 
     fn test_clear_accessed(&self, ctx: &SimCtx, va: u64) -> bool {
@@ -205,8 +209,9 @@ impl gmem::Driver for SimDev {
 /// A registered simulated device, as open files see it.
 struct SimDevice {
     reg: Registration<SimDev>,
-    /// Address of its `/dev/gmem_simN` registration, to find the device at open.
-    misc: usize,
+    /// Address of its `/dev/gmem_simN` registration (0 until it exists), to find the
+    /// device at open.
+    misc: AtomicUsize,
 }
 
 global_lock! {
@@ -346,10 +351,9 @@ impl SimFile {
     /// Hot-unplug (as a PCI remove would): running launches end with `ENODEV`, gmem saves
     /// every page to the host, later launches get `ENODEV`. The node stays until unload.
     fn unplug(&self) -> Result {
-        if self.dev.reg.is_unplugged() {
+        if !self.dev.reg.unplug() {
             return Err(ENODEV);
         }
-        self.dev.reg.unplug();
         self.dev.reg.data().unregistered.store(true, Ordering::Release);
         pr_info!("gmem_sim{}: unplugged\n", self.dev.reg.data().index);
         Ok(())
@@ -362,7 +366,7 @@ impl MiscDevice for SimFile {
 
     fn open(_file: &File, misc: &MiscDeviceRegistration<Self>) -> Result<Pin<KBox<Self>>> {
         let me = core::ptr::from_ref(misc) as usize;
-        let dev = SIMS.lock().iter().find(|d| d.misc == me).cloned().ok_or(ENODEV)?;
+        let dev = SIMS.lock().iter().find(|d| d.misc.load(Ordering::Acquire) == me).cloned().ok_or(ENODEV)?;
         KBox::pin(SimFile { dev }, GFP_KERNEL).map_err(Into::into)
     }
 
@@ -407,13 +411,22 @@ impl SimModule {
         self.data.push(dev.clone(), GFP_KERNEL)?;
         let opts = gmem::Options { name: NAMES[index], nr_frames: frames as u64, map_2m: module_parameters::map_2m.value() };
         let reg = Registration::new(opts, dev)?;
-        let id = reg.id();
-        let misc = KBox::pin_init(MiscDeviceRegistration::register(MiscDeviceOptions { name: NAMES[index] }), GFP_KERNEL)?;
-        let sd = Arc::new(SimDevice { reg, misc: core::ptr::from_ref(&*misc) as usize }, GFP_KERNEL)?;
-        self.regs.push(misc, GFP_KERNEL)?;
+        pr_info!("gmem_sim{}: gmem device {}, {} frames\n", index, reg.id(), frames);
+        let sd = Arc::new(SimDevice { reg, misc: AtomicUsize::new(0) }, GFP_KERNEL)?;
         self.devs.push(sd.clone(), GFP_KERNEL)?;
         SIMS.lock().push(sd, GFP_KERNEL)?;
-        pr_info!("gmem_sim{}: gmem device {}, {} frames\n", index, id, frames);
+        Ok(())
+    }
+
+    /// Creates `/dev/gmem_simN` of device `index` (once every device is registered, so
+    /// that nothing can open a node while a later registration may still fail).
+    fn add_node(&mut self, index: usize) -> Result {
+        let misc = KBox::pin_init(MiscDeviceRegistration::register(MiscDeviceOptions { name: NAMES[index] }), GFP_KERNEL)?;
+        let addr = core::ptr::from_ref(&*misc) as usize;
+        self.regs.push(misc, GFP_KERNEL)?;
+        if let Some(d) = self.devs.get(index) {
+            d.misc.store(addr, Ordering::Release);
+        }
         Ok(())
     }
 }
@@ -433,9 +446,12 @@ impl kernel::Module for SimModule {
             data: KVec::new(),
             _faux: faux::Registration::new(c"gmem_sim", None)?,
         };
+        // On failure `m` is dropped, which removes what was added.
         for i in 0..n {
-            // On failure `m` is dropped, which unregisters what was registered.
             m.add_device(i, mib * 256)?;
+        }
+        for i in 0..n {
+            m.add_node(i)?;
         }
         Ok(m)
     }

@@ -217,9 +217,12 @@ impl<'a, 's> Runner<'a, 's> {
                 }
                 if hit1 && hit2 != Some(false) {
                     // Both present (just checked, under the same lock guard).
-                    let m1 = pt.page(va, write, pool).ok_or(EIO)?;
-                    let m2 = va2.map(|(v, w)| pt.page(v, w, pool).ok_or(EIO)).transpose()?;
-                    return f(&m1, m2.as_ref(), &mut self.scratch);
+                    let scratch = &mut self.scratch;
+                    let r = pt.with_page(va, write, pool, |m1| match va2 {
+                        None => Some(f(m1, None, scratch)),
+                        Some((v, w)) => pt.with_page(v, w, pool, |m2| f(m1, Some(m2), scratch)),
+                    });
+                    return r.flatten().ok_or(EIO)?;
                 }
             }
             self.ensure(core::iter::once(va & !PAGE_OFFSET), write)?;

@@ -10,25 +10,29 @@ use kernel::{bindings, page::Page, prelude::*};
 
 pub(crate) const PAGE_SIZE: usize = 4096;
 
-/// A page mapped into the kernel's address space for the guard's lifetime `'g` (which the
-/// caller ties to whatever keeps the page allocated, e.g. a page-table lock guard).
+/// A page mapped into the kernel's address space, lent to a closure (`Mapped::with`).
 ///
 /// # Invariants
-/// `addr` is `kmap_local_page(page)` of a page that stays allocated while the guard lives;
-/// guards are dropped in reverse order of creation (they are locals), as kmap_local needs.
+/// `addr` is `kmap_local_page(page)` of a page that stays allocated while the mapping
+/// exists. Only `with` creates one, and it unmaps it when the closure returns: mappings
+/// nest and are undone in reverse order, as kmap_local needs, and none escapes.
 pub(crate) struct Mapped<'g> {
     addr: *mut u8,
     _page: PhantomData<&'g ()>,
 }
 
-impl<'g> Mapped<'g> {
+impl Mapped<'_> {
+    /// Maps `page`, runs `f` on it, unmaps it.
+    ///
     /// # Safety
-    /// `page` must be a valid page that stays allocated for `'g`.
-    pub(crate) unsafe fn new(page: *mut bindings::page) -> Mapped<'g> {
+    /// `page` must be a valid page that stays allocated during the call.
+    pub(crate) unsafe fn with<R>(page: *mut bindings::page, f: impl FnOnce(&Mapped<'_>) -> R) -> R {
         // SAFETY: `page` is valid by the caller's contract.
         let addr = unsafe { bindings::kmap_local_page(page) }.cast::<u8>();
-        // INVARIANT: mapped just now; lifetime by the caller's contract.
-        Mapped { addr, _page: PhantomData }
+        // INVARIANT: mapped just now, unmapped by the drop below, after `f` returned (and
+        // `f` only borrows it).
+        let m = Mapped { addr, _page: PhantomData };
+        f(&m)
     }
 
     /// The word at byte offset `off` (any alignment); `EINVAL` past the page.
@@ -65,10 +69,15 @@ impl Drop for Mapped<'_> {
 /// # Safety
 /// Both pages must be valid and stay allocated during the call; they must differ.
 unsafe fn copy_page(dst: *mut bindings::page, src: *mut bindings::page) {
-    // SAFETY: valid pages by the caller's contract.
-    let (s, d) = unsafe { (Mapped::new(src), Mapped::new(dst)) };
-    // SAFETY: both mappings cover PAGE_SIZE bytes of distinct pages.
-    unsafe { core::ptr::copy_nonoverlapping(s.addr, d.addr, PAGE_SIZE) };
+    // SAFETY: valid pages by the caller's contract (both calls).
+    unsafe {
+        Mapped::with(src, |s| {
+            Mapped::with(dst, |d| {
+                // SAFETY: both mappings cover PAGE_SIZE bytes of distinct pages.
+                core::ptr::copy_nonoverlapping(s.addr, d.addr, PAGE_SIZE)
+            })
+        })
+    }
 }
 
 /// Zero-fills one page.
@@ -76,10 +85,8 @@ unsafe fn copy_page(dst: *mut bindings::page, src: *mut bindings::page) {
 /// # Safety
 /// `page` must be valid and stay allocated during the call.
 unsafe fn zero_page(page: *mut bindings::page) {
-    // SAFETY: valid page by the caller's contract.
-    let m = unsafe { Mapped::new(page) };
-    // SAFETY: the mapping covers PAGE_SIZE bytes.
-    unsafe { core::ptr::write_bytes(m.addr, 0, PAGE_SIZE) };
+    // SAFETY: valid page by the caller's contract; the mapping covers PAGE_SIZE bytes.
+    unsafe { Mapped::with(page, |m| core::ptr::write_bytes(m.addr, 0, PAGE_SIZE)) }
 }
 
 /// The device memory pool: `frames.len()` pages, indexed by frame number.
@@ -105,10 +112,9 @@ impl Pool {
         self.frames.get(usize::try_from(f).ok()?).map(|p| p.as_ptr())
     }
 
-    /// Frame `f` as a page the CPU can map (`Driver::frame_page`); it lives as long as the
-    /// pool, which outlives the device's registration.
-    pub(crate) fn frame_host_page(&self, f: u64) -> Option<gmem::HostPage> {
-        self.frames.get(usize::try_from(f).ok()?).and_then(gmem::HostPage::of)
+    /// Frame `f` as a page the CPU can map (`Driver::frame_page`).
+    pub(crate) fn frame_ref(&self, f: u64) -> Option<&Page> {
+        self.frames.get(usize::try_from(f).ok()?)
     }
 
     /// Copies `src` into frame `f`. `EINVAL` for a frame outside the pool.

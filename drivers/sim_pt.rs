@@ -5,8 +5,9 @@
 //!
 //! PTE encoding: 0 = invalid; bit 0 valid, bit 1 writable, bit 2 remote host page, bit 3
 //! accessed (set by every device access, tested and cleared by gmem). A frame
-//! PTE holds `frame << 12`; a remote PTE holds the `struct page` pointer (64-byte aligned,
-//! so the low bits are free).
+//! PTE holds `frame << 12`; a remote PTE holds the `struct page` pointer (`map` refuses one
+//! that is not 16-byte aligned, so the four flag bits are free; `struct page` is 64 bytes
+//! on our kernels).
 //!
 //! Every device access translates and touches memory under `SimCtx::pt`, and `unmap` takes
 //! the same lock: once the core's unmap returns, no access to the old page is in flight.
@@ -18,6 +19,8 @@ pub(crate) const PTE_VALID: u64 = 1;
 pub(crate) const PTE_WRITE: u64 = 2;
 pub(crate) const PTE_HOST: u64 = 4;
 pub(crate) const PTE_ACCESSED: u64 = 8;
+/// The flag bits: a host page's pointer must have them clear (16-byte aligned) to be stored.
+pub(crate) const PTE_FLAGS: u64 = 0xf;
 const LEAF: usize = 512;
 
 /// What a valid PTE points at.
@@ -33,7 +36,7 @@ pub(crate) fn decode(pte: u64) -> Option<(Target, bool)> {
     }
     let w = pte & PTE_WRITE != 0;
     if pte & PTE_HOST != 0 {
-        Some((Target::Host((pte & !0x3f) as *mut bindings::page), w))
+        Some((Target::Host((pte & !PTE_FLAGS) as *mut bindings::page), w))
     } else {
         Some((Target::Frame(pte >> 12), w))
     }
@@ -108,14 +111,14 @@ impl PageTable {
         self.resolve(va, write, pool).is_some()
     }
 
-    /// Maps the page `va` translates to, for as long as this page table stays borrowed
-    /// (i.e. its lock stays held); `None` on a miss.
-    pub(crate) fn page(&self, va: u64, write: bool, pool: &Pool) -> Option<Mapped<'_>> {
+    /// Runs `f` on the page `va` translates to (mapped for the call), or returns `None` on
+    /// a miss. The page table stays borrowed, i.e. its lock held, during the call.
+    pub(crate) fn with_page<R>(&self, va: u64, write: bool, pool: &Pool, f: impl FnOnce(&Mapped<'_>) -> R) -> Option<R> {
         let p = self.resolve(va, write, pool)?;
         // SAFETY: a frame is a page of the device's pool, which outlives every context; a
         // host page stays allocated until the unmap of its address returned (gmem's
-        // contract), and unmap takes the lock whose guard this borrow comes from.
-        Some(unsafe { Mapped::new(p) })
+        // contract), and unmap takes the lock under which `self` is borrowed.
+        Some(unsafe { Mapped::with(p, f) })
     }
 
     fn leaf_mut(&mut self, va: u64) -> Option<&mut Leaf> {

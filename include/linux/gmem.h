@@ -22,8 +22,8 @@
  * (gmem_space_get_current()) and its context (gmem_space_ctx()).
  *
  * Contract of every callback: it may sleep; it is never called with a spinlock held (but
- * usually with gmem mutexes and the space's mmap lock held); it must not call back into
- * gmem. No callback is made with a context after ctx_destroy() of that context started,
+ * usually with gmem mutexes held, and on the fault and advice paths with the space's mmap
+ * lock); it must not call back into gmem. No callback is made with a context after ctx_destroy() of that context started,
  * and none at all after gmem_dev_unregister() returned.
  */
 
@@ -133,9 +133,12 @@ struct gmem_copy {
  *	it in *@ctx. Returns 0 or a negative errno (propagated to whoever needed it).
  * @ctx_destroy: destroy a context. Called once per context, when its space dies or at
  *	gmem_dev_unregister(); no callback uses it afterwards.
- * @map: install @n entries in @ctx, replacing what their addresses had. A 4 KiB entry
- *	inside a 2 MiB one splits the 2 MiB entry first. Must not fail for valid input
- *	except with -ENOMEM; entries installed before a failure may stay.
+ * @map: install @n entries in @ctx. An existing entry is only ever replaced by one with
+ *	the same target and more rights, or 4 KiB entries by a 2 MiB entry over the same
+ *	frames (gmem unmaps before it points an address elsewhere). A 4 KiB entry inside a
+ *	2 MiB one splits the 2 MiB entry first. Must not fail for valid input except with
+ *	-ENOMEM; entries installed before a failure may stay (gmem unmaps them like any
+ *	other when the page moves).
  * @unmap: remove the entries of [@va, @va + @npages * 4K) in @ctx; missing ones are
  *	ignored. A 2 MiB entry the range covers only in part is split (the pages outside
  *	stay mapped, same frames and protection). Cannot fail, so a driver that maps 2 MiB
@@ -147,7 +150,8 @@ struct gmem_copy {
  *	destination on return 0. On error the migration is abandoned (the source stays
  *	valid) and the errno propagated.
  * @frame_page: optional: the host-visible page behind a frame (kept valid while the
- *	device is registered), or NULL if the CPU cannot map it.
+ *	device is registered), or NULL if the CPU cannot map it. Reserved: this version of
+ *	the core does not call it.
  * @test_clear_accessed: optional: test and clear the device's accessed bit of the page
  *	at @va in @ctx; 1 if the device touched it since the last call, 0 if not or if
  *	unmapped. Pages under a 2 MiB entry answer one by one (hardware with one bit per
@@ -179,7 +183,8 @@ struct gmem_dev_ops {
  * struct gmem_dev_props - what a driver tells gmem about a device at registration
  * @size: sizeof(struct gmem_dev_props)
  * @abi_version: %GMEM_DRIVER_ABI_VERSION
- * @name: name shown in gmem's debugfs and logs (read during the call only)
+ * @name: the device's name (read during the call only; not used by the core at this
+ *        version)
  * @nr_frames: capacity of the device memory pool, in 4 KiB frames (1 .. U32_MAX)
  * @drv: opaque; passed back as the first argument of every callback
  * @caps: GMEM_DEV_CAP_* bits; unknown bits are refused
@@ -263,7 +268,7 @@ void gmem_space_put(struct gmem_space *space);
  *
  * Context: process context, may sleep.
  * Return: the context, ERR_PTR(-EINVAL) for NULL arguments, ERR_PTR(-ENODEV) if the
- * device is unregistering, or the error of @ctx_create.
+ * device is unregistering and has no context in @space yet, or the error of @ctx_create.
  */
 void *gmem_space_ctx(struct gmem_dev *dev, struct gmem_space *space);
 
@@ -283,10 +288,12 @@ void *gmem_space_ctx(struct gmem_dev *dev, struct gmem_space *space);
  * Context: process context, may sleep (it may evict other pages, in the calling task);
  * not from a callback, nor with the space's mmap lock or a lock a callback takes held.
  * Return: 0, or (the device must fail the kernel that faulted):
- * -EFAULT an address is not in a GMEM region of @space, or the process is exiting;
- * -ENODEV the device is unregistering;
+ * -EFAULT an address is not in a GMEM region of @space, the region was torn down
+ * concurrently, or the process is exiting;
+ * -ENODEV the device, or a device a page must be copied from or to, is unregistering;
  * -EBUSY the page is pinned on another device;
- * -ENOMEM no device frame could be freed (all pinned) or host memory ran out;
+ * -ENOMEM no device frame could be freed (all pinned, eviction failed, or 32
+ * evict-and-retry rounds did not get one) or host memory ran out;
  * -EIO a page's data was lost when the device holding it was unregistered;
  * -EXDEV a peer copy was needed between devices of different drivers;
  * -EINVAL bad arguments; other negative values are the driver's own callback errors.

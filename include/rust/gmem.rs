@@ -16,10 +16,11 @@
 //! of the driver API is in this file; a driver built on it needs none for gmem.
 //!
 //! # Lifetimes
-//! - The per-device data `T` is an `Arc<T>`; the registration holds a reference and passes
-//!   `Arc::as_ptr` to gmem as the `drv` pointer, so every callback finds it alive: gmem makes
-//!   no callback after `gmem_dev_unregister` returns, which happens before the registration
-//!   drops its reference.
+//! - The per-device data `T` is an `Arc<T>`; the registration holds a reference in a boxed
+//!   `DrvCell` whose address is gmem's `drv` pointer, so every callback finds it alive: gmem
+//!   makes no callback after `gmem_dev_unregister` returns, which happens before the
+//!   registration drops the cell. Leaking a registration (`mem::forget`, a reference
+//!   cycle) would leave the device registered after the module is gone: don't.
 //! - A context (`T::Context`) is boxed by [`Driver::ctx_create`] and given back to
 //!   [`Driver::ctx_destroy`]; gmem destroys it when its space dies or the device is
 //!   unregistered. A [`Session`] holds a [`Space`] reference (the space cannot die) and
@@ -30,7 +31,9 @@
 //!   then unregisters (this is the quiescing gmem asks of drivers before unregistration).
 //!
 //! # Lock order
-//! `Gate::state` is a leaf: it is never held across a call into gmem or into the driver.
+//! `Gate::state` is a leaf: it is never held across a call into gmem or into the driver
+//! (`unplug` drops it around `gmem_dev_unregister`). `unplug` must not be called by a
+//! thread that has a session of the same registration open (it would wait for itself).
 #![allow(dead_code, unreachable_pub)]
 
 /// The `#[repr(C)]` mirror of `include/linux/gmem.h` (shared with gmem.ko, which checks
@@ -39,7 +42,12 @@
 pub mod abi;
 
 use abi::*;
-use core::{marker::PhantomData, ptr::NonNull};
+use core::{
+    any::TypeId,
+    marker::PhantomData,
+    ptr::NonNull,
+    sync::atomic::{AtomicBool, Ordering},
+};
 use kernel::{
     bindings,
     error::{from_err_ptr, to_result, VTABLE_DEFAULT_ERROR},
@@ -78,12 +86,6 @@ pub struct HostPage(NonNull<bindings::page>);
 impl HostPage {
     fn new(p: *mut bindings::page) -> Option<Self> {
         NonNull::new(p).map(HostPage)
-    }
-
-    /// A page of the driver's own, to return from [`Driver::frame_page`] (the driver keeps
-    /// it allocated while the device is registered).
-    pub fn of(page: &kernel::page::Page) -> Option<HostPage> {
-        HostPage::new(page.as_ptr())
     }
 
     /// The `struct page` pointer.
@@ -238,9 +240,11 @@ pub trait Driver: Send + Sync + Sized + 'static {
     /// Runs a batch of copies; returns when they are complete.
     fn copy(&self, job: CopyJob<'_, Self>) -> Result;
 
-    /// Optional: the host-visible page behind a frame, which the CPU then maps remotely.
-    /// The page must stay valid while the device is registered.
-    fn frame_page(&self, _frame: Frame) -> Option<HostPage> {
+    /// Optional: the host-visible page behind a frame, which the CPU may then map
+    /// remotely. The page is borrowed from the device's data, which lives until the device
+    /// is unregistered, so it stays valid as long as gmem may use it. (Reserved: this
+    /// version of the core does not call it.)
+    fn frame_page(&self, _frame: Frame) -> Option<&kernel::page::Page> {
         build_error!(VTABLE_DEFAULT_ERROR)
     }
 
@@ -248,6 +252,20 @@ pub trait Driver: Send + Sync + Sized + 'static {
     fn test_clear_accessed(&self, _ctx: &Self::Context, _va: u64) -> bool {
         build_error!(VTABLE_DEFAULT_ERROR)
     }
+}
+
+/// What gmem's `drv` pointer points at: the driver's data, tagged with its type. gmem tells
+/// drivers apart by the address of their ops table, and Rust does not promise distinct
+/// addresses for the constant tables of two driver types, so a peer copy checks the tag
+/// before it treats the peer's `drv` as a `T`.
+///
+/// # Invariants
+/// `type_id` is `TypeId::of::<T>()`, and it is the first field (`repr(C)`): it can be read
+/// through a `DrvCell` of any type.
+#[repr(C)]
+struct DrvCell<T> {
+    type_id: TypeId,
+    data: Arc<T>,
 }
 
 /// The C vtable of a `Driver` and its trampolines.
@@ -266,13 +284,27 @@ impl<T: Driver> Adapter<T> {
         frame_page: if T::HAS_FRAME_PAGE { Some(Self::frame_page) } else { None },
         test_clear_accessed: if T::HAS_TEST_CLEAR_ACCESSED { Some(Self::test_clear_accessed) } else { None },
     };
+    /// The table as a `'static` reference (the constant is promoted; the compiler checks).
+    const OPS_REF: &'static GmemDevOps = &Self::OPS;
 
     /// # Safety
     /// `drv` must be the `drv` of a live registration of `T` (what gmem passes).
     unsafe fn data<'a>(drv: *mut c_void) -> &'a T {
-        // SAFETY: the registration passed `Arc::as_ptr` of its `Arc<T>` and keeps that
-        // reference until after `gmem_dev_unregister` returned (module doc).
-        unsafe { &*drv.cast::<T>() }
+        // SAFETY: the registration passed its `DrvCell<T>` and keeps it until after
+        // `gmem_dev_unregister` returned (module doc).
+        unsafe { &(*drv.cast::<DrvCell<T>>()).data }
+    }
+
+    /// The peer of a peer copy, if it is a `T` (else `None`: refuse the copy).
+    ///
+    /// # Safety
+    /// `peer` must be the `drv` of a live device registered with this table, which this
+    /// binding made: a `DrvCell` of some driver type.
+    unsafe fn peer<'a>(peer: *mut c_void) -> Option<&'a T> {
+        // SAFETY: a `DrvCell` of any type starts with its `TypeId` (type invariant).
+        let tid = unsafe { peer.cast::<TypeId>().read() };
+        // SAFETY: the tag says the cell is a `DrvCell<T>`, alive as for `data`.
+        (tid == TypeId::of::<T>()).then(|| unsafe { Self::data(peer) })
     }
 
     /// # Safety
@@ -355,9 +387,10 @@ impl<T: Driver> Adapter<T> {
             GMEM_COPY_H2D => host().map(CopyJob::ToDevice),
             GMEM_COPY_D2H => host().map(CopyJob::ToHost),
             GMEM_COPY_ZERO => Some(CopyJob::Zero(frames)),
-            // SAFETY: for peer copies gmem passes the `drv` of another device registered
-            // with the same vtable, i.e. another live `T` of ours.
-            GMEM_COPY_D2D if !peer.is_null() => Some(CopyJob::ToPeer(unsafe { Self::data(peer) }, frames)),
+            // SAFETY: for peer copies gmem passes the `drv` of another live device registered
+            // with the same vtable, i.e. by this binding; its callback section is held
+            // open for the whole copy.
+            GMEM_COPY_D2D if !peer.is_null() => unsafe { Self::peer(peer) }.map(|p| CopyJob::ToPeer(p, frames)),
             _ => None,
         };
         let Some(job) = job else { return EINVAL.to_errno() };
@@ -370,7 +403,7 @@ impl<T: Driver> Adapter<T> {
 
     unsafe extern "C" fn frame_page(drv: *mut c_void, frame: u64) -> *mut bindings::page {
         // SAFETY: gmem passes our `drv`.
-        unsafe { Self::data(drv) }.frame_page(Frame(frame)).map_or(core::ptr::null_mut(), HostPage::as_ptr)
+        unsafe { Self::data(drv) }.frame_page(Frame(frame)).map_or(core::ptr::null_mut(), |p| p.as_ptr())
     }
 
     unsafe extern "C" fn test_clear_accessed(drv: *mut c_void, ctx: *mut c_void, va: u64) -> c_int {
@@ -424,14 +457,24 @@ impl Drop for Space {
     }
 }
 
+/// Where a registration is in its life.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Sessions may open.
+    Open,
+    /// Unplugging: no new session; waiting for the open ones.
+    Closing,
+    /// `gmem_dev_unregister` is running (the gate lock is not held meanwhile).
+    Unregistering,
+    /// `gmem_dev_unregister` returned.
+    Unregistered,
+}
+
 /// What [`Registration::unplug`] waits on.
 struct GateState {
     /// Open sessions.
     sessions: usize,
-    /// Set once unplugging started: no new session.
-    closed: bool,
-    /// Set once `gmem_dev_unregister` returned.
-    unregistered: bool,
+    phase: Phase,
 }
 
 #[pin_data]
@@ -440,18 +483,20 @@ struct Gate {
     state: Mutex<GateState>,
     #[pin]
     idle: CondVar,
+    /// Set when unplugging starts (read without the lock at every checkpoint).
+    closed: AtomicBool,
 }
 
 /// A registered GMEM device. Unplugged (and unregistered) on drop.
 ///
 /// # Invariants
-/// `handle` is the live gmem handle of this registration until `gate.state.unregistered`
-/// is set, and is used only while a session is open or before `unplug` closed the gate;
-/// `data` is the `drv` pointer gmem has (it stays alive at least that long).
+/// `handle` is the live gmem handle of this registration until the phase is
+/// `Unregistered`, and is used only while a session is open or by the one `unplug` that
+/// unregisters; `cell` is what gmem's `drv` points at (it outlives the registration).
 pub struct Registration<T: Driver> {
     handle: NonNull<GmemDevHandle>,
     id: i32,
-    data: Arc<T>,
+    cell: KBox<DrvCell<T>>,
     gate: Pin<KBox<Gate>>,
 }
 
@@ -466,34 +511,38 @@ impl<T: Driver> Registration<T> {
     pub fn new(opts: Options, data: Arc<T>) -> Result<Self> {
         let gate = KBox::pin_init(
             pin_init!(Gate {
-                state <- new_mutex!(GateState { sessions: 0, closed: false, unregistered: false }, "gmem::Registration::gate"),
+                state <- new_mutex!(GateState { sessions: 0, phase: Phase::Open }, "gmem::Registration::gate"),
                 idle <- new_condvar!("gmem::Registration::idle"),
+                closed: AtomicBool::new(false),
             }),
             GFP_KERNEL,
         )?;
+        // INVARIANT: tagged with `T`'s type id.
+        let cell = KBox::new(DrvCell { type_id: TypeId::of::<T>(), data }, GFP_KERNEL)?;
         let props = GmemDevProps {
             size: core::mem::size_of::<GmemDevProps>() as u32,
             abi_version: GMEM_DRIVER_ABI_VERSION,
             name: opts.name.as_char_ptr(),
             nr_frames: opts.nr_frames,
-            drv: Arc::as_ptr(&data).cast_mut().cast(),
+            drv: core::ptr::from_ref::<DrvCell<T>>(&cell).cast_mut().cast(),
             caps: if opts.map_2m { GMEM_DEV_CAP_MAP_2M } else { 0 },
             reserved: 0,
         };
-        // SAFETY: `OPS` is a constant promoted to a static (valid forever); `props` is valid
-        // for the call and its `name` is `'static`; `drv` stays alive while the returned
-        // registration holds `data`, which it does until after unregistering.
-        let h = from_err_ptr(unsafe { gmem_dev_register(&Adapter::<T>::OPS, &props) })?;
+        // SAFETY: `OPS_REF` is `'static` (checked by the compiler); `props` is valid for the
+        // call and its `name` is `'static`; `drv` (the boxed cell) stays at its address
+        // while the returned registration holds the box, which it does until after
+        // unregistering.
+        let h = from_err_ptr(unsafe { gmem_dev_register(Adapter::<T>::OPS_REF, &props) })?;
         let handle = NonNull::new(h).ok_or(EINVAL)?;
         // SAFETY: a live handle, just registered.
         let id = unsafe { gmem_dev_id(handle.as_ptr()) };
-        // INVARIANT: live handle, gate open; `data` is the `drv` just registered.
-        Ok(Registration { handle, id, data, gate })
+        // INVARIANT: live handle, gate open; `cell` is the `drv` just registered.
+        Ok(Registration { handle, id, cell, gate })
     }
 
     /// The driver's per-device data.
     pub fn data(&self) -> &Arc<T> {
-        &self.data
+        &self.cell.data
     }
 
     /// gmem's id of the device (what the user API calls it). Stays readable after unplug.
@@ -506,7 +555,7 @@ impl<T: Driver> Registration<T> {
     pub fn session<'a>(&'a self, space: &'a Space) -> Result<Session<'a, T>> {
         {
             let mut s = self.gate.state.lock();
-            if s.closed {
+            if s.phase != Phase::Open {
                 return Err(ENODEV);
             }
             // Bounded by the number of threads in the kernel.
@@ -539,27 +588,37 @@ impl<T: Driver> Registration<T> {
     /// Hot-unplug: refuses new sessions, waits for the open ones to end, then unregisters
     /// the device (gmem evacuates its pages to the host and destroys its contexts). Open
     /// sessions see [`Session::revoked`] from the start, so long device work can stop early.
-    /// Idempotent; called by drop.
-    pub fn unplug(&self) {
+    /// Returns whether this call unregistered the device (`false`: another one did, and it
+    /// has finished). Called by drop. Must not be called with a session of this
+    /// registration open in the calling thread.
+    pub fn unplug(&self) -> bool {
         let mut s = self.gate.state.lock();
-        s.closed = true;
-        while s.sessions > 0 {
-            self.gate.idle.wait(&mut s);
+        self.gate.closed.store(true, Ordering::Release);
+        if s.phase == Phase::Open {
+            s.phase = Phase::Closing;
         }
-        if !s.unregistered {
-            // The gate stays locked across unregistration on purpose: a concurrent `unplug`
-            // must not return before the device is gone. Callbacks never take the gate
-            // (lock order in the module doc), and no session can open meanwhile.
-            // SAFETY: the live handle (type invariant), unregistered exactly once (the flag
-            // is set under the lock held), with no session open and none possible any more.
-            unsafe { gmem_dev_unregister(self.handle.as_ptr()) };
-            s.unregistered = true;
+        loop {
+            match s.phase {
+                Phase::Unregistered => return false,
+                Phase::Closing if s.sessions == 0 => break,
+                _ => self.gate.idle.wait(&mut s),
+            }
         }
+        s.phase = Phase::Unregistering;
+        drop(s);
+        // SAFETY: the live handle (type invariant); only the caller that moved the phase to
+        // `Unregistering` gets here, once; no session is open and none can open any more.
+        // The gate lock is not held: callbacks run during the call.
+        unsafe { gmem_dev_unregister(self.handle.as_ptr()) };
+        let mut s = self.gate.state.lock();
+        s.phase = Phase::Unregistered;
+        self.gate.idle.notify_all();
+        true
     }
 
     /// Whether the device was unplugged (or is being unplugged).
     pub fn is_unplugged(&self) -> bool {
-        self.gate.state.lock().closed
+        self.gate.closed.load(Ordering::Acquire)
     }
 }
 
@@ -588,7 +647,7 @@ impl<'a, T: Driver> Session<'a, T> {
 
     /// Whether the device is being unplugged: long work should end (with `ENODEV`).
     pub fn revoked(&self) -> bool {
-        self.reg.gate.state.lock().closed
+        self.reg.gate.closed.load(Ordering::Acquire)
     }
 
     /// Reports a batch of device faults (at most 4096 addresses, any order, duplicates and

@@ -1270,7 +1270,8 @@ impl<'p, 's> Worker<'p, 's> {
         let kernel = if self.rng.chance(94) {
             self.rng.range(1, 5) as u32
         } else {
-            self.rng.pick(&[0, 6, 255, u32::MAX, self.rng.next() as u32])
+            // Unknown kernels (6 is GATHER, whose address list the conformance suite tests).
+            self.rng.pick(&[0, 7, 255, u32::MAX, self.rng.next() as u32 | 8])
         };
         let flags = match self.rng.below(100) {
             0..=89 if kernel == K_TOUCH => self.rng.pick(&[0, libgmem::sim::F_WRITE]),
