@@ -10,8 +10,10 @@
 //! Userspace launches kernels through `/dev/gmem_simN` (`include/uapi/linux/gmem_sim.h`),
 //! and can hot-unplug a device (`GMEM_SIM_IOC_UNPLUG`).
 //!
-//! The only `unsafe` of the driver is where it touches memory pages (`sim_mem.rs`, and
-//! `sim_pt::PageTable::page`, which maps what an entry points at).
+//! Nothing here is `unsafe` for gmem's sake (that is all in the binding). What is left:
+//! touching memory pages (`sim_mem.rs`, and `sim_pt::PageTable::with_page`, which maps
+//! what an entry points at), the `FromBytes`/`AsBytes` marker impls of the ioctl argument
+//! structs (plain integers, no padding), and the init of the global device list.
 //!
 //! Lock order: a context's `pt` lock is a leaf; the driver never calls into gmem with it
 //! held, and gmem never holds a spinlock when it calls us. `SIMS` is taken only at open and
