@@ -136,16 +136,31 @@ pub(crate) struct Runner<'a, 's> {
     ctx: &'a SimCtx,
     session: &'a Session<'s, SimDev>,
     pub(crate) out: Outcome,
-    scratch: KVec<u32>,
+    scratch: Scratch,
+}
+
+/// The words of one page segment, as the device's registers would hold them: the source
+/// and the destination are read whole, computed on, and the destination written back.
+struct Scratch {
+    src: KVec<u32>,
+    dst: KVec<u32>,
+}
+
+impl Scratch {
+    fn new() -> Result<Scratch> {
+        let mut src = KVec::with_capacity(PAGE_SIZE / 4, GFP_KERNEL)?;
+        let mut dst = KVec::with_capacity(PAGE_SIZE / 4, GFP_KERNEL)?;
+        for _ in 0..PAGE_SIZE / 4 {
+            src.push(0u32, GFP_KERNEL)?;
+            dst.push(0u32, GFP_KERNEL)?;
+        }
+        Ok(Scratch { src, dst })
+    }
 }
 
 impl<'a, 's> Runner<'a, 's> {
     pub(crate) fn new(dev: &'a SimDev, session: &'a Session<'s, SimDev>) -> Result<Self> {
-        let mut scratch = KVec::with_capacity(PAGE_SIZE / 4, GFP_KERNEL)?;
-        for _ in 0..PAGE_SIZE / 4 {
-            scratch.push(0u32, GFP_KERNEL)?;
-        }
-        Ok(Runner { dev, ctx: session.context(), session, out: Outcome::default(), scratch })
+        Ok(Runner { dev, ctx: session.context(), session, out: Outcome::default(), scratch: Scratch::new()? })
     }
 
     /// Reports a batch of misses to gmem.
@@ -201,7 +216,7 @@ impl<'a, 's> Runner<'a, 's> {
         va: u64,
         write: bool,
         va2: Option<(u64, bool)>,
-        mut f: impl FnMut(&Mapped<'_>, Option<&Mapped<'_>>, &mut [u32]) -> Result<R>,
+        mut f: impl FnMut(&Mapped<'_>, Option<&Mapped<'_>>, &mut Scratch) -> Result<R>,
     ) -> Result<R> {
         let pool = &self.dev.pool;
         for _ in 0..MAX_REPLAYS {
@@ -296,20 +311,20 @@ impl<'a, 's> Runner<'a, 's> {
             let do_ = usize::try_from(d & PAGE_OFFSET).map_err(|_| EOVERFLOW)?;
             let so = s.map(|s| usize::try_from(s & PAGE_OFFSET).map_err(|_| EOVERFLOW)).transpose()?;
             let base = off / 4;
-            self.access(d, true, s.map(|s| (s, false)), |pd, ps, scratch| {
+            self.access(d, true, s.map(|s| (s, false)), |pd, ps, sc| {
+                let (src, dst) = (sc.src.get_mut(..words).ok_or(EINVAL)?, sc.dst.get_mut(..words).ok_or(EINVAL)?);
                 // Read the source first (it may alias the destination page).
                 if let (Some(ps), Some(so)) = (ps, so) {
-                    for (k, slot) in scratch.iter_mut().enumerate().take(words) {
-                        *slot = ps.read_u32(so + 4 * k)?;
-                    }
+                    ps.read_words(so, src)?;
+                } else {
+                    src.fill(0);
                 }
-                for k in 0..words {
-                    let mut w = pd.read_u32(do_ + 4 * k)?;
+                pd.read_words(do_, dst)?;
+                for (k, (w, x)) in dst.iter_mut().zip(src.iter()).enumerate() {
                     // A word index below `len / 4`: cannot wrap.
-                    f(base.wrapping_add(k as u64), &mut w, if ps.is_some() { scratch[k] } else { 0 });
-                    pd.write_u32(do_ + 4 * k, w)?;
+                    f(base.wrapping_add(k as u64), w, *x);
                 }
-                Ok(())
+                pd.write_words(do_, dst)
             })?;
             off = add(off, seg)?;
         }
@@ -329,10 +344,10 @@ impl<'a, 's> Runner<'a, 's> {
             let seg = core::cmp::min(left, sub(PAGE, s & PAGE_OFFSET)?);
             let so = usize::try_from(s & PAGE_OFFSET).map_err(|_| EOVERFLOW)?;
             let words = usize::try_from(seg / 4).map_err(|_| EOVERFLOW)?;
-            self.access(s, false, None, |ps, _, _| {
-                for k in 0..words {
-                    f(ps.read_u32(so + 4 * k)?);
-                }
+            self.access(s, false, None, |ps, _, sc| {
+                let src = sc.src.get_mut(..words).ok_or(EINVAL)?;
+                ps.read_words(so, src)?;
+                src.iter().for_each(|w| f(*w));
                 Ok(())
             })?;
             off = add(off, seg)?;

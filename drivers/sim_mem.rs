@@ -46,6 +46,32 @@ impl Mapped<'_> {
         Ok(unsafe { self.addr.add(off).cast::<u32>().read_unaligned() })
     }
 
+    /// Reads `out.len()` words from byte offset `off` (any alignment); `EINVAL` past the
+    /// page.
+    pub(crate) fn read_words(&self, off: usize, out: &mut [u32]) -> Result {
+        let n = out.len().checked_mul(4).ok_or(EINVAL)?;
+        if off.checked_add(n).is_none_or(|e| e > PAGE_SIZE) {
+            return Err(EINVAL);
+        }
+        // SAFETY: `[off, off + n)` lies inside the mapped page (checked; type invariant),
+        // and `out` is `n` bytes of our own memory, distinct from the page. Concurrent
+        // device writes to the page are allowed, as in `read_u32`.
+        unsafe { core::ptr::copy_nonoverlapping(self.addr.add(off), out.as_mut_ptr().cast::<u8>(), n) };
+        Ok(())
+    }
+
+    /// Writes the words of `src` at byte offset `off` (any alignment); `EINVAL` past the
+    /// page.
+    pub(crate) fn write_words(&self, off: usize, src: &[u32]) -> Result {
+        let n = src.len().checked_mul(4).ok_or(EINVAL)?;
+        if off.checked_add(n).is_none_or(|e| e > PAGE_SIZE) {
+            return Err(EINVAL);
+        }
+        // SAFETY: as in `read_words`; the caller's page-table entry allows writes.
+        unsafe { core::ptr::copy_nonoverlapping(src.as_ptr().cast::<u8>(), self.addr.add(off), n) };
+        Ok(())
+    }
+
     /// Stores `v` at byte offset `off` (any alignment); `EINVAL` past the page.
     pub(crate) fn write_u32(&self, off: usize, v: u32) -> Result {
         if off.checked_add(4).is_none_or(|e| e > PAGE_SIZE) {
