@@ -3,7 +3,7 @@
 //! (device checksums against the CPU's, CPU reads against the device's writes): a fast
 //! wrong answer is an error, not a figure.
 
-use crate::json::Json;
+use crate::json::{Json, JsonExt};
 use crate::sys::{self, counters, counters_json, delta, get, now, stat_json, Anon, Counters, Dmirror, Stat};
 use libgmem::sim::{checksum, Sim, SimInfo};
 use libgmem::{Gmem, Region, GMEM_ADV_PREFETCH, GMEM_HOST};
@@ -139,7 +139,7 @@ fn overcommit_summary(d: &Counters, dev: u32) -> Json {
     let waits = get(d, dev, "faults.waits_for_eviction");
     let (pf, used, wasted) = (get(d, dev, "prefetch.pages"), get(d, dev, "prefetch.used"), get(d, dev, "prefetch.wasted"));
     let (to_host, to_peer, clean) = (get(d, dev, "evicted.to_host"), get(d, dev, "evicted.to_peer"), get(d, dev, "evicted.clean_dropped"));
-    let ratio = |a: u64, b: u64| if b == 0 { Json::Null } else { Json::Num(a as f64 / b as f64) };
+    let ratio = |a: u64, b: u64| if b == 0 { Json::Null } else { crate::json::num(a as f64 / b as f64) };
     Json::obj()
         .with("fault_pages", get(d, dev, "faults.pages"))
         .with("fault_batches", get(d, dev, "faults.batches"))
@@ -471,7 +471,7 @@ impl Bench {
                 j.set("ratio_net", c.stat("ratio_net"));
                 j.set("faults_per_run", c.per_page(c.faults, 1));
                 j.set("batches_per_run", c.per_page(c.batches, 1));
-                j.set("pages_per_batch", if c.batches == 0 { Json::Null } else { Json::Num(c.faults as f64 / c.batches as f64) });
+                j.set("pages_per_batch", if c.batches == 0 { Json::Null } else { crate::json::num(c.faults as f64 / c.batches as f64) });
             }
             out.set(name, j);
         }
@@ -517,7 +517,7 @@ impl Bench {
             }
         }
         sys::restore()?;
-        Ok(Json::Arr(
+        Ok(Json::Array(
             ks.iter()
                 .zip(&cells)
                 .map(|(&k, c)| {
@@ -863,7 +863,7 @@ impl Bench {
                         r
                     })
                     .collect();
-                j.set(kind, Json::Arr(rows));
+                j.set(kind, Json::Array(rows));
             }
             cfgs.push(j);
         }
@@ -872,7 +872,7 @@ impl Bench {
             .with("stream_kernel", "FILL then CHECKSUM over a fresh region, each one launch over the whole range (both timed); time per byte of the region")
             .with("stream_chunked_kernel", "the same two passes issued as 1 MiB launches in address order; time per byte of the region")
             .with("touch_kernel", "FILL (untimed), then TOUCH reads of uniformly random pages (timed); time per touch")
-            .with("configs", Json::Arr(cfgs)))
+            .with("configs", Json::Array(cfgs)))
     }
 
     /// P5: metadata bytes per page of a large region, untouched (lazy metadata: only the

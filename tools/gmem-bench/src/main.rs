@@ -18,7 +18,7 @@ mod json;
 mod sys;
 
 use benches::{progress, Bench, P4Config};
-use json::Json;
+use json::{Json, JsonExt};
 use libgmem::sim::Sim;
 use libgmem::Gmem;
 
@@ -111,9 +111,9 @@ fn main() {
             1
         }
     };
-    out.set("errors", Json::Arr(errors));
+    out.set("errors", Json::Array(errors));
     out.set("total_s", sys::now() - t_start);
-    let line = out.to_line();
+    let line = out.to_string();
     let code = match json::validate(&line) {
         Ok(()) => code,
         Err(e) => {
@@ -264,16 +264,16 @@ fn p4_plan(smoke: bool) -> (Vec<P4Config>, Vec<f64>, u64) {
 
 fn targets(out: &Json) -> Json {
     let p4_slowdown = |cfg: &str, kind: &str| -> Option<f64> {
-        let Some(Json::Arr(cfgs)) = out.get("p4").and_then(|p| p.get("configs")) else { return None };
-        let c = cfgs.iter().find(|c| matches!(c.get("name"), Some(Json::Str(n)) if n == cfg))?;
-        let Some(Json::Arr(rows)) = c.get(kind) else { return None };
+        let Some(Json::Array(cfgs)) = out.get("p4").and_then(|p| p.get("configs")) else { return None };
+        let c = cfgs.iter().find(|c| matches!(c.get("name"), Some(Json::String(n)) if n == cfg))?;
+        let Some(Json::Array(rows)) = c.get(kind) else { return None };
         rows.iter().find(|r| r.get("factor").and_then(Json::as_f64) == Some(2.0))?.get("slowdown")?.as_f64()
     };
     // Judged on the like-for-like case: data copied both ways (dirty), against HMM without
     // the verification copy its ioctl adds.
     let p3 = num(out, &["p3", "ratio_dirty_vs_hmm_without_bounce"]);
     let p3_clean = num(out, &["p3", "ratio_vs_hmm_without_bounce"]);
-    Json::Arr(vec![
+    Json::Array(vec![
         target("P1", "H2D device faults, default", "fault-driven H2D, density prefetch on (default) / copy baseline", num(out, &["p1", "on_demand_prefetch1", "ratio", "median"]), ">=", 0.6, Some(0.19)),
         target("P1", "H2D device faults, prefetch=0", "fault-driven H2D, prefetch=0 / copy baseline", num(out, &["p1", "on_demand_prefetch0", "ratio", "median"]), ">=", 0.6, Some(0.19)),
         target("P1", "H2D explicit PREFETCH", "explicit PREFETCH H2D / copy baseline", num(out, &["p1", "explicit_prefetch", "ratio", "median"]), ">=", 0.9, Some(0.90)),

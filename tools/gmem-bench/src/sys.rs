@@ -3,7 +3,7 @@
 //! per-device counters, per-space metadata), and the kernel's HMM test driver
 //! (`lib/test_hmm_uapi.h`, structs defined here from the header's description).
 
-use crate::json::Json;
+use crate::json::{Json, JsonExt};
 use std::collections::BTreeMap;
 
 /// Seconds on CLOCK_MONOTONIC.
