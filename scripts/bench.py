@@ -4,7 +4,8 @@ that tools/gmem-bench printed on the guest console and writes
 
   <out>/results.json   the JSON, pretty-printed
   <out>/results.md     tables: medians, spreads, baselines, targets met / not met, UVM anchors
-  <out>/ratios.svg     bar chart of the key ratios against their targets
+  <out>/ratios.png     bar chart of the key ratios against their targets (matplotlib)
+  <out>/ratios.svg     the same chart as SVG
 
 then prints results.md. Exits 1 if the JSON line is missing or invalid (the figures
 themselves are never pass/fail). Python 3 standard library only.
@@ -24,7 +25,6 @@ import os
 import subprocess
 import re
 import sys
-from xml.sax.saxutils import escape
 
 MARK = "GMEM-BENCH-JSON "
 # A kernel console message glued into another line: "[ seconds] text" up to its newline.
@@ -380,54 +380,59 @@ def markdown(d):
     return "\n".join(L)
 
 
-def svg(d):
-    """Horizontal bars, one row per target, each on its own scale, with the target line
-    and (where there is one) the UVM anchor."""
-    rows = [t for t in d.get("targets", [])]
-    W, left, right, top, rowh = 900, 330, 40, 60, 46
-    H = top + rowh * len(rows) + 50
-    plot = W - left - right
-    o = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" '
-         f'font-family="sans-serif" font-size="12">',
-         f'<rect x="0" y="0" width="{W}" height="{H}" fill="white"/>',
-         f'<text x="{W / 2}" y="22" text-anchor="middle" font-size="16" font-weight="bold">'
-         f'GMEM key ratios vs targets ({escape(str(d.get("mode")))} run, QEMU TCG: only ratios matter)</text>',
-         f'<text x="{W / 2}" y="42" text-anchor="middle" fill="#555">green: target met, red: not met, grey: not '
-         f'measured; black line: target; blue diamond: UVM H200 anchor; each row has its own scale</text>']
-    for k, t in enumerate(rows):
-        y = top + k * rowh
+def plot(d, out):
+    """Horizontal bars, one row per target, each on its own scale, with the target line and
+    (where there is one) the UVM anchor; drawn with matplotlib, written as PNG and SVG."""
+    import matplotlib
+    matplotlib.use("Agg")  # no display: files only
+    # Text stays text in the SVG, and both files are byte-for-byte reproducible.
+    matplotlib.rcParams.update({"svg.fonttype": "none", "svg.hashsalt": "gmem"})
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    rows = list(d.get("targets", []))
+    fig, axes = plt.subplots(len(rows) or 1, 1, figsize=(10, 0.62 * max(len(rows), 1) + 1.6), squeeze=False)
+    fig.suptitle(f"GMEM key ratios vs targets ({d.get('mode')} run, QEMU TCG: only ratios matter)", fontsize=12)
+    for ax, t in zip(axes[:, 0], rows):
         v, thr, anc = t.get("value"), t.get("threshold"), t.get("uvm_anchor")
         label = f"{t.get('id')} {t.get('short') or t.get('what')}"
         if len(label) > 52:
             label = label[:50] + "…"
-        o.append(f'<text x="{left - 8}" y="{y + 20}" text-anchor="end">{escape(label)}</text>')
-        o.append(f'<text x="{left - 8}" y="{y + 34}" text-anchor="end" fill="#555">target {escape(t.get("op", ""))} '
-                 f'{escape(f(thr))}</text>')
-        top_v = max(x for x in (v, thr, anc, 1e-9) if isinstance(x, (int, float)))
-        scale = plot / (top_v * 1.15)
-        o.append(f'<line x1="{left}" y1="{y + 36}" x2="{left + plot}" y2="{y + 36}" stroke="#ddd"/>')
+        nums = [x for x in (v, thr, anc) if isinstance(x, (int, float))]
+        ax.set_xlim(0, max(nums + [1e-9]) * 1.2)
+        ax.set_yticks([0], [f"{label}\ntarget {t.get('op', '')} {f(thr)}"], fontsize=8)
+        ax.tick_params(axis="x", labelsize=7)
         if isinstance(v, (int, float)):
-            colour = {True: "#2e8b57", False: "#c0392b"}.get(t.get("met"), "#999")
-            o.append(f'<rect x="{left}" y="{y + 10}" width="{max(1.0, v * scale):.1f}" height="22" fill="{colour}"/>')
-            o.append(f'<text x="{left + v * scale + 5:.1f}" y="{y + 25}">{escape(f(v))}</text>')
+            colour = {True: "#2e8b57", False: "#c0392b"}.get(t.get("met"), "#999999")
+            ax.barh([0], [v], height=0.6, color=colour)
+            ax.text(v, 0, f" {f(v)}", va="center", fontsize=8)
         else:
-            o.append(f'<text x="{left + 5}" y="{y + 25}" fill="#999">not measured</text>')
+            ax.text(0, 0, " not measured", va="center", fontsize=8, color="#999999")
         if isinstance(thr, (int, float)):
-            x = left + thr * scale
-            o.append(f'<line x1="{x:.1f}" y1="{y + 4}" x2="{x:.1f}" y2="{y + 38}" stroke="black" stroke-width="2"/>')
+            ax.axvline(thr, color="black", linewidth=2)
         if isinstance(anc, (int, float)):
-            x, cy = left + anc * scale, y + 21
-            o.append(f'<polygon points="{x:.1f},{cy - 7} {x + 7:.1f},{cy} {x:.1f},{cy + 7} {x - 7:.1f},{cy}" '
-                     f'fill="#2f6fdf" stroke="white"/>')
-    o.append(f'<text x="{left}" y="{H - 18}" fill="#555">P1/P2: bandwidth / memcpy (higher is better). '
-             f'P3: GMEM/HMM per-page cost, P4: slowdown, P5: bytes per page (lower is better).</text>')
-    o.append("</svg>")
-    return "\n".join(o) + "\n"
+            ax.plot([anc], [0], marker="D", color="#2f6fdf", markersize=7, markeredgecolor="white")
+        ax.set_ylim(-0.6, 0.6)
+    fig.legend(handles=[Patch(color="#2e8b57", label="target met"), Patch(color="#c0392b", label="not met"),
+                        Patch(color="#999999", label="not judged"),
+                        Line2D([], [], color="black", linewidth=2, label="target"),
+                        Line2D([], [], marker="D", color="#2f6fdf", linestyle="", label="UVM H200 anchor")],
+               loc="lower center", ncol=5, fontsize=8, frameon=False)
+    fig.text(0.01, 0.035, "P1/P2: bandwidth / memcpy (higher is better). P3: GMEM/HMM per-page cost, "
+             "P4: slowdown, P5: bytes per page (lower is better). Each row has its own scale.", fontsize=7, color="#555555")
+    fig.tight_layout(rect=(0, 0.07, 1, 0.97))
+    paths = [os.path.join(out, "ratios.png"), os.path.join(out, "ratios.svg")]
+    for p in paths:
+        fig.savefig(p, dpi=110, metadata={"Date": None} if p.endswith(".svg") else {"Software": None})
+    plt.close(fig)
+    return paths
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--console", help="guest console log")
+    ap.add_argument("--from-json", help="redraw tables and plots from a results.json written earlier")
     ap.add_argument("--source", help="fingerprint file written by --fingerprint at build time")
     ap.add_argument("--fingerprint", action="store_true", help="print the source fingerprint and exit")
     ap.add_argument("--out", default="bench/results")
@@ -437,13 +442,17 @@ def main():
     if a.fingerprint:
         print(json.dumps(fingerprint()))
         return 0
-    if not a.console:
-        ap.error("--console is required")
-    try:
-        d = extract(a.console)
-    except ValueError as e:
-        print(f"bench.py: {e}", file=sys.stderr)
-        return 1
+    if a.from_json:
+        with open(a.from_json) as fh:
+            d = json.load(fh)
+    elif not a.console:
+        ap.error("--console or --from-json is required")
+    else:
+        try:
+            d = extract(a.console)
+        except ValueError as e:
+            print(f"bench.py: {e}", file=sys.stderr)
+            return 1
     if a.smoke:
         print(f"bench.py: valid JSON result ({d['mode']} mode, {len(d.get('errors') or [])} errors)")
         return 0
@@ -466,14 +475,10 @@ def main():
     md = markdown(d)
     with open(os.path.join(a.out, "results.md"), "w") as fh:
         fh.write(md)
-    text = svg(d)
-    import xml.dom.minidom
-    xml.dom.minidom.parseString(text)  # refuse to write an SVG that is not well-formed XML
-    with open(os.path.join(a.out, "ratios.svg"), "w") as fh:
-        fh.write(text)
+    plot(d, a.out)
     if not a.quiet:
         print(md)
-    print(f"[bench] wrote {a.out}/results.json, results.md, ratios.svg", file=sys.stderr)
+    print(f"[bench] wrote {a.out}/results.json, results.md, ratios.png, ratios.svg", file=sys.stderr)
     if d.get("errors"):
         print(f"bench.py: {len(d['errors'])} benchmark(s) failed, see 'Errors'", file=sys.stderr)
     return 0

@@ -40,4 +40,12 @@ if ! command -v bindgen >/dev/null 2>&1 || ! bindgen --version | grep -Eq 'bindg
 else
     say "bindgen: $(bindgen --version)"
 fi
+# The benchmark report draws its plots with matplotlib (scripts/bench.py), for the same
+# python3 that make runs (a pyenv or venv python does not see Debian's python3-matplotlib).
+if ! python3 -c 'import matplotlib' >/dev/null 2>&1; then
+    say "pip install matplotlib (for python3 = $(command -v python3))"
+    python3 -m pip install --quiet matplotlib 2>/dev/null || python3 -m pip install --quiet --break-system-packages matplotlib
+else
+    say "matplotlib: $(python3 -c 'import matplotlib; print(matplotlib.__version__)')"
+fi
 say "done"
