@@ -23,9 +23,9 @@ use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering
 use kernel::{
     faux,
     fs::File,
-    page::Page,
     ioctl::{_IO, _IOW, _IOWR},
     miscdevice::{MiscDevice, MiscDeviceOptions, MiscDeviceRegistration},
+    page::Page,
     prelude::*,
     sync::{global_lock, Arc},
     transmute::{AsBytes, FromBytes},
@@ -323,8 +323,14 @@ impl SimFile {
 
     /// Arms a one-shot copy-engine failure (fault injection for the tests).
     fn fail_copy(&self, arg: usize) -> Result {
-        let f: FailCopyArg = UserSlice::new(UserPtr::from_addr(arg), core::mem::size_of::<FailCopyArg>()).reader().read()?;
-        if f.argsz as usize != core::mem::size_of::<FailCopyArg>() || f.reserved != [0; 2] || f.err == 0 || f.err > 4095 || f.after == NO_FAILURE {
+        let f: FailCopyArg =
+            UserSlice::new(UserPtr::from_addr(arg), core::mem::size_of::<FailCopyArg>()).reader().read()?;
+        if f.argsz as usize != core::mem::size_of::<FailCopyArg>()
+            || f.reserved != [0; 2]
+            || f.err == 0
+            || f.err > 4095
+            || f.after == NO_FAILURE
+        {
             return Err(EINVAL);
         }
         let d = self.dev.reg.data();
@@ -411,7 +417,8 @@ impl SimModule {
             GFP_KERNEL,
         )?;
         self.data.push(dev.clone(), GFP_KERNEL)?;
-        let opts = gmem::Options { name: NAMES[index], nr_frames: frames as u64, map_2m: module_parameters::map_2m.value() };
+        let opts =
+            gmem::Options { name: NAMES[index], nr_frames: frames as u64, map_2m: module_parameters::map_2m.value() };
         let reg = Registration::new(opts, dev)?;
         pr_info!("gmem_sim{}: gmem device {}, {} frames\n", index, reg.id(), frames);
         let sd = Arc::new(SimDevice { reg, misc: AtomicUsize::new(0) }, GFP_KERNEL)?;
@@ -423,7 +430,8 @@ impl SimModule {
     /// Creates `/dev/gmem_simN` of device `index` (once every device is registered, so
     /// that nothing can open a node while a later registration may still fail).
     fn add_node(&mut self, index: usize) -> Result {
-        let misc = KBox::pin_init(MiscDeviceRegistration::register(MiscDeviceOptions { name: NAMES[index] }), GFP_KERNEL)?;
+        let misc =
+            KBox::pin_init(MiscDeviceRegistration::register(MiscDeviceOptions { name: NAMES[index] }), GFP_KERNEL)?;
         let addr = core::ptr::from_ref(&*misc) as usize;
         self.regs.push(misc, GFP_KERNEL)?;
         if let Some(d) = self.devs.get(index) {
@@ -470,7 +478,12 @@ impl Drop for SimModule {
         self.devs.clear();
         for d in self.data.iter() {
             d.unregistered.store(true, Ordering::Release);
-            pr_info!("gmem_sim{}: removed ({} faults, {} pages copied)\n", d.index, d.faults.load(Ordering::Relaxed), d.copies.load(Ordering::Relaxed));
+            pr_info!(
+                "gmem_sim{}: removed ({} faults, {} pages copied)\n",
+                d.index,
+                d.faults.load(Ordering::Relaxed),
+                d.copies.load(Ordering::Relaxed)
+            );
         }
     }
 }

@@ -15,7 +15,10 @@ use crate::gmem::{sched, Access, Session};
 use crate::sim_mem::{Mapped, PAGE_SIZE};
 use crate::sim_pt::SimCtx;
 use crate::SimDev;
-use kernel::{prelude::*, uaccess::{UserPtr, UserSlice}};
+use kernel::{
+    prelude::*,
+    uaccess::{UserPtr, UserSlice},
+};
 
 pub(crate) const K_FILL: u32 = 1;
 pub(crate) const K_CHECKSUM: u32 = 2;

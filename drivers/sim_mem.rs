@@ -4,8 +4,8 @@
 //! access. This file (and `sim_pt::PageTable::page`, which decides which page may be
 //! mapped) is where the driver touches memory; everything above it is safe code.
 
-use core::marker::PhantomData;
 use crate::gmem;
+use core::marker::PhantomData;
 use kernel::{bindings, page::Page, prelude::*};
 
 pub(crate) const PAGE_SIZE: usize = 4096;

@@ -113,7 +113,13 @@ impl PageTable {
 
     /// Runs `f` on the page `va` translates to (mapped for the call), or returns `None` on
     /// a miss. The page table stays borrowed, i.e. its lock held, during the call.
-    pub(crate) fn with_page<R>(&self, va: u64, write: bool, pool: &Pool, f: impl FnOnce(&Mapped<'_>) -> R) -> Option<R> {
+    pub(crate) fn with_page<R>(
+        &self,
+        va: u64,
+        write: bool,
+        pool: &Pool,
+        f: impl FnOnce(&Mapped<'_>) -> R,
+    ) -> Option<R> {
         let p = self.resolve(va, write, pool)?;
         // SAFETY: a frame is a page of the device's pool, which outlives every context; a
         // host page stays allocated until the unmap of its address returned (gmem's

@@ -8,11 +8,11 @@
 //! one region. Lock order as in the fault paths: mmap lock -> region pages.
 
 use crate::exec::migrate::{self, Env};
+use crate::obj::devices;
+use crate::obj::region::{adv, Region};
+use crate::obj::space::Space;
 use crate::policy::page_state::{transition, Event, PageState, Target};
 use crate::policy::range::{self, PageRange, RangeError};
-use crate::obj::region::{adv, Region};
-use crate::obj::devices;
-use crate::obj::space::Space;
 use core::sync::atomic::{AtomicBool, Ordering};
 use kernel::{
     new_mutex,
@@ -132,7 +132,14 @@ fn advise_until(space: &Space, a: &Advice, cancelled: &dyn Fn() -> bool) -> Resu
 /// across chunks is what lets an exiting process's `exit_mmap` run (and tear the region
 /// down) while a queued prefetch of it is still running: the prefetch then fails with
 /// `EFAULT`/`ENOENT` at its next chunk instead of migrating pages for a dead process.
-fn move_pages(space: &Space, region: &Arc<Region>, first: usize, count: usize, a: &Advice, cancelled: &dyn Fn() -> bool) -> Result {
+fn move_pages(
+    space: &Space,
+    region: &Arc<Region>,
+    first: usize,
+    count: usize,
+    a: &Advice,
+    cancelled: &dyn Fn() -> bool,
+) -> Result {
     let (event, target) = match a.advice {
         PREFETCH if a.dev == HOST => (Event::Prefetch { to: Target::Host }, None),
         PREFETCH => {
@@ -200,7 +207,8 @@ fn move_range(
 ) -> Result {
     // Advice that leaves never-touched pages alone (DONTNEED, UNPIN) skips untouched
     // metadata blocks whole: on a terabyte region it must not walk every page.
-    let skip_untouched = matches!(transition(PageState::EMPTY, event), Ok((n, a)) if n == PageState::EMPTY && a == Default::default());
+    let skip_untouched =
+        matches!(transition(PageState::EMPTY, event), Ok((n, a)) if n == PageState::EMPTY && a == Default::default());
     let mut i = first;
     while i < end {
         if crate::obj::sched::fatal_signal_pending() || cancelled() {

@@ -9,10 +9,10 @@
 
 use crate::entry::advise::{self, Advice, Fence};
 use crate::entry::vm_ops;
-use crate::policy::{page_state::PageState, range};
-use crate::obj::region::{adv, Region, PAGE_SIZE};
 use crate::obj::devices;
+use crate::obj::region::{adv, Region, PAGE_SIZE};
 use crate::obj::space::{self, Space};
+use crate::policy::{page_state::PageState, range};
 use kernel::{
     bindings,
     error::to_result,

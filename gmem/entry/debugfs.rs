@@ -11,9 +11,9 @@
 //! Everything is read from the live objects at read time; nothing is cached here.
 
 use crate::obj::device::Device;
-use crate::policy::page_state::Loc;
 use crate::obj::devices::{self, MAX_DEVICES};
 use crate::obj::space;
+use crate::policy::page_state::Loc;
 use core::fmt;
 use core::sync::atomic::Ordering::Relaxed;
 use kernel::{

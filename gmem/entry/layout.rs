@@ -91,14 +91,8 @@ pub(crate) fn mismatches() -> usize {
     // SAFETY: the C tables are immutable arrays defined in gmem_export.c with the lengths
     // given by their `_len` companions, which `compare` checks before indexing; the Rust
     // declarations use the same element type (unsigned long == usize on Linux).
-    let (kl, kn, al, an) = unsafe {
-        (
-            &gmem_c_kernel_layout,
-            gmem_c_kernel_layout_len,
-            &gmem_c_abi_layout,
-            gmem_c_abi_layout_len,
-        )
-    };
+    let (kl, kn, al, an) =
+        unsafe { (&gmem_c_kernel_layout, gmem_c_kernel_layout_len, &gmem_c_abi_layout, gmem_c_abi_layout_len) };
     let k = compare("kernel", &KERNEL_LAYOUT, &kl[..kn.min(kl.len())], Some(&KERNEL_NAMES));
     let k = k + usize::from(kn != KERNEL_LAYOUT.len());
     let a = compare("abi", &abi::ABI_LAYOUT, &al[..an.min(al.len())], None);

@@ -71,7 +71,13 @@ unsafe extern "C" fn vm_may_split(_vma: *mut bindings::vm_area_struct, _addr: c_
 
 /// ptrace / `/proc/PID/mem` access: GUP refuses GMEM VMAs (`VM_IO`), so the kernel asks
 /// us (`access.rs`). Returns the bytes copied (within one page) or a negative errno.
-unsafe extern "C" fn vm_access(vma: *mut bindings::vm_area_struct, addr: c_ulong, buf: *mut c_void, len: c_int, write: c_int) -> c_int {
+unsafe extern "C" fn vm_access(
+    vma: *mut bindings::vm_area_struct,
+    addr: c_ulong,
+    buf: *mut c_void,
+    len: c_int,
+    write: c_int,
+) -> c_int {
     let Ok(len) = usize::try_from(len) else { return EINVAL.to_errno() };
     // SAFETY: `vma` is a live GMEM VMA (these ops are only installed on ours).
     let region: Arc<Region> = unsafe { region_of(vma) }.into();
@@ -102,4 +108,3 @@ unsafe extern "C" fn vm_fault(vmf: *mut bindings::vm_fault) -> bindings::vm_faul
         Err(_) => bindings::vm_fault_reason_VM_FAULT_SIGBUS,
     }
 }
-

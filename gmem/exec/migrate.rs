@@ -11,13 +11,13 @@
 use crate::abi::{GmemCopy, GmemPte, GMEM_COPY_D2D, GMEM_COPY_D2H, GMEM_COPY_H2D, GMEM_COPY_ZERO};
 use crate::abi::{GMEM_PROT_READ, GMEM_PROT_WRITE, GMEM_PTE_2M};
 use crate::obj::device::{self as devmod, DevStats, Device, DeviceOps, FrameOp, Owner, F_PREFETCHED};
+use crate::obj::devices;
+use crate::obj::host_page::HostPage;
+use crate::obj::region::{devices_in, Pages, Region, PAGE_SIZE};
+use crate::obj::space::Space;
 use crate::policy::evict::{F_CLEAN, F_LENT, F_PINNED, F_REF};
 use crate::policy::frames::CHUNK_FRAMES;
 use crate::policy::page_state::{Actions, Copy, Loc, PageState, Refused, MAX_DEVICES};
-use crate::obj::space::Space;
-use crate::obj::region::{devices_in, Pages, Region, PAGE_SIZE};
-use crate::obj::devices;
-use crate::obj::host_page::HostPage;
 use kernel::{mm::virt::VmaRef, prelude::*, sync::Arc};
 
 /// Where a page's mappings live besides the region itself.
@@ -136,7 +136,10 @@ impl FrameSupply {
                     if dev.maps_2m() && r.len() == BATCH_PAGES {
                         // Place the block's pages in one aligned chunk where possible, so
                         // that the block can be mapped with one 2 MiB entry (`huge_entry`).
-                        let offs = steps.iter().filter(|st| st.a.alloc_frame == Some(d as u8)).map(|st| (st.i - r.start) as u64);
+                        let offs = steps
+                            .iter()
+                            .filter(|st| st.a.alloc_frame == Some(d as u8))
+                            .map(|st| (st.i - r.start) as u64);
                         let _ = dev.alloc_placed(chunk_of(p, d as u8), offs, w, &mut sup.frames[d]);
                     } else {
                         let _ = dev.alloc_frames(w, &mut sup.frames[d]);
@@ -210,8 +213,12 @@ fn copy_entry(p: &Pages, st: &Step, fresh: &Fresh) -> Result<Option<((u32, u8, u
         Copy::None | Copy::ZeroHost => return Ok(None),
         Copy::ZeroDev(d) => ((GMEM_COPY_ZERO, d, d), GmemCopy { host: null, frame: nf, peer_frame: 0 }),
         Copy::H2D(d) => ((GMEM_COPY_H2D, d, d), GmemCopy { host: host_ptr(p, st.i)?, frame: nf, peer_frame: 0 }),
-        Copy::D2H(o) => ((GMEM_COPY_D2H, o, o), GmemCopy { host: host_ptr(p, st.i)?, frame: u64::from(old_frame), peer_frame: 0 }),
-        Copy::D2D { from, to } => ((GMEM_COPY_D2D, from, to), GmemCopy { host: null, frame: u64::from(old_frame), peer_frame: nf }),
+        Copy::D2H(o) => {
+            ((GMEM_COPY_D2H, o, o), GmemCopy { host: host_ptr(p, st.i)?, frame: u64::from(old_frame), peer_frame: 0 })
+        }
+        Copy::D2D { from, to } => {
+            ((GMEM_COPY_D2D, from, to), GmemCopy { host: null, frame: u64::from(old_frame), peer_frame: nf })
+        }
     }))
 }
 
@@ -313,7 +320,8 @@ pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outco
     }
     let fresh: &mut [Fresh] = if steps.len() > SMALL { &mut big } else { &mut small[..steps.len()] };
     let mut nfresh = 0;
-    let dups_needed = steps.iter().filter(|st| st.a.alloc_frame.is_some_and(|d| st.next.loc() != Loc::Device(d))).count();
+    let dups_needed =
+        steps.iter().filter(|st| st.a.alloc_frame.is_some_and(|d| st.next.loc() != Loc::Device(d))).count();
     if let Err(e) = p.dups.reserve(dups_needed) {
         return Outcome { done: 0, res: Err(e) };
     }
@@ -374,10 +382,14 @@ pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outco
 
     // 2. Revoke CPU mappings (before the copy, see the module documentation).
     if let Some(vma) = env.vma {
-        runs(steps, |st| st.a.zap_cpu, |first, n| {
-            vma.zap_vma_range(env.region.va(first) as usize, n * PAGE_SIZE);
-            Space::count(&space.stats.cpu_zaps);
-        });
+        runs(
+            steps,
+            |st| st.a.zap_cpu,
+            |first, n| {
+                vma.zap_vma_range(env.region.va(first) as usize, n * PAGE_SIZE);
+                Space::count(&space.stats.cpu_zaps);
+            },
+        );
     }
     // 3. Revoke device mappings.
     let unmap_mask = steps.iter().fold(0u16, |m, st| m | st.a.unmap_dev);
@@ -388,7 +400,9 @@ pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outco
         // A prefetched page leaves: did the device ever touch it? The frames' flags are read
         // under one pool lock; the driver is asked after it (no callback under the pool lock).
         let r0 = p.range().start;
-        let leaving = |st: &&Step| st.a.unmap_dev & (1 << d) != 0 && st.prev.loc() == Loc::Device(d) && st.a.free_frame == Some(d);
+        let leaving = |st: &&Step| {
+            st.a.unmap_dev & (1 << d) != 0 && st.prev.loc() == Loc::Device(d) && st.a.free_frame == Some(d)
+        };
         let prefetched = dev.prefetched_among(steps.iter().filter(leaving).map(|st| (st.i - r0, p.frame(st.i))));
         for st in steps.iter().filter(leaving) {
             let k = st.i - r0;
@@ -396,13 +410,17 @@ pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outco
                 settle_prefetch(dev, ops.test_clear_accessed(ctx, env.region.va(st.i)).unwrap_or(false));
             }
         }
-        runs(steps, |st| st.a.unmap_dev & (1 << d) != 0, |first, n| {
-            let va = env.region.va(first);
-            ops.unmap(ctx, va, n as u64);
-            ops.tlb_invalidate(ctx, va, n as u64);
-            DevStats::add(&dev.stats.unmap_calls, 1);
-            DevStats::add(&dev.stats.tlb_calls, 1);
-        });
+        runs(
+            steps,
+            |st| st.a.unmap_dev & (1 << d) != 0,
+            |first, n| {
+                let va = env.region.va(first);
+                ops.unmap(ctx, va, n as u64);
+                ops.tlb_invalidate(ctx, va, n as u64);
+                DevStats::add(&dev.stats.unmap_calls, 1);
+                DevStats::add(&dev.stats.tlb_calls, 1);
+            },
+        );
     }
 
     // 4. Data.
@@ -494,7 +512,10 @@ fn commit(env: &Env<'_>, p: &mut Pages, st: &Step, fresh: &Fresh, ops: &mut KVec
         }
         let keep = if env.access { 0 } else { F_LENT | F_REF | F_PREFETCHED };
         let settle = env.access && a.free_frame != Some(d);
-        queue(d, FrameOp::Own { frame: p.frame(i), who: who(), set: set | if env.access { F_REF } else { 0 }, keep, settle });
+        queue(
+            d,
+            FrameOp::Own { frame: p.frame(i), who: who(), set: set | if env.access { F_REF } else { 0 }, keep, settle },
+        );
     }
     if a.free_host {
         drop(p.set_host(i, None));
@@ -568,7 +589,8 @@ fn map_batch(env: &Env<'_>, p: &Pages, steps: &[Step], d: u8, devs: &mut Devs) -
             DevStats::add(&dev.stats.remote_maps, 1);
             GmemPte { va, frame: 0, host: host_ptr(p, st.i)?, prot, flags: 0 }
         } else {
-            let frame = if st.next.loc() == Loc::Device(d) { p.frame(st.i) } else { p.dup_frame(st.i, d).ok_or(EINVAL)? };
+            let frame =
+                if st.next.loc() == Loc::Device(d) { p.frame(st.i) } else { p.dup_frame(st.i, d).ok_or(EINVAL)? };
             GmemPte { va, frame: u64::from(frame), host: core::ptr::null_mut(), prot, flags: 0 }
         };
         ptes.push(pte, GFP_KERNEL)?;
@@ -604,7 +626,9 @@ pub(crate) fn apply_range(
                 refusal = Some(refused);
                 break;
             }
-            Ok((next, a)) if next != s || a != Actions::default() => steps.push(Step { i, prev: s, next, a }, GFP_KERNEL)?,
+            Ok((next, a)) if next != s || a != Actions::default() => {
+                steps.push(Step { i, prev: s, next, a }, GFP_KERNEL)?
+            }
             Ok(_) => {}
         }
     }

@@ -31,7 +31,13 @@ fn evacuation_pass(dev: &Device, lose: bool) -> Result<u64> {
             lost += e.lost;
         }
         if lost > 0 {
-            pr_err!("device {}: lost {} pages of process {} (space {}): host memory exhausted\n", dev.id, lost, s.pid, s.id);
+            pr_err!(
+                "device {}: lost {} pages of process {} (space {}): host memory exhausted\n",
+                dev.id,
+                lost,
+                s.pid,
+                s.id
+            );
         }
     }
     Ok(left)
@@ -112,7 +118,8 @@ pub(crate) fn evacuate(region: &Arc<Region>, dev: &Device, lose: bool) -> Evacua
             }
             // `Lose` allocates and copies nothing, so it cannot fail for want of memory; it
             // releases the page's frames on every device and its mappings.
-            match transition(s, Event::Lose).map_err(|_| EINVAL).and_then(|(next, a)| apply(&env, &mut p, i, next, &a)) {
+            match transition(s, Event::Lose).map_err(|_| EINVAL).and_then(|(next, a)| apply(&env, &mut p, i, next, &a))
+            {
                 Ok(()) => out.lost += 1,
                 Err(_) => out.left += 1,
             }

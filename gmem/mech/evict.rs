@@ -17,17 +17,17 @@
 //! Lock order: `Device::evict_lock` -> a block's pages (`Block::pages`) -> `Space::ctxs` -> `Device::frames`.
 //! Eviction never runs with a block lock held by its caller.
 
-use crate::obj::device::{Ctx, DevStats, Device, DeviceOps, Owner, F_PREFERRED_SPARED};
-use crate::policy::evict::F_LENT;
-use crate::policy::page_state::Target;
-use crate::obj::region::{adv, ADVICE_RUNS};
-use crate::policy::range::AdviceMap;
-use crate::exec::migrate::{self, Env};
-use crate::policy::evict::{reclaim_target, F_REF};
-use crate::policy::page_state::{transition, Actions, Copy, Event, Loc};
 use crate::exec::migrate::Step;
+use crate::exec::migrate::{self, Env};
+use crate::obj::device::{Ctx, DevStats, Device, DeviceOps, Owner, F_PREFERRED_SPARED};
 use crate::obj::region::Region;
+use crate::obj::region::{adv, ADVICE_RUNS};
 use crate::obj::{devices, tune};
+use crate::policy::evict::F_LENT;
+use crate::policy::evict::{reclaim_target, F_REF};
+use crate::policy::page_state::Target;
+use crate::policy::page_state::{transition, Actions, Copy, Event, Loc};
+use crate::policy::range::AdviceMap;
 use core::sync::atomic::Ordering::Relaxed;
 use kernel::{prelude::*, sync::Arc, workqueue::WorkItem};
 
@@ -57,7 +57,13 @@ fn peer_for(dev: &Device) -> Option<Arc<Device>> {
 /// dropped, a dirty owner page is parked on the peer while `peer_room` lasts (then
 /// decremented), anything else goes to the host (a clean page without a copy). `None`
 /// for a pinned page or one `dev` no longer holds.
-fn evict_step(dev: &Device, p: &crate::obj::region::Pages, i: usize, peer: &Option<Arc<Device>>, peer_room: &mut u64) -> Option<Step> {
+fn evict_step(
+    dev: &Device,
+    p: &crate::obj::region::Pages,
+    i: usize,
+    peer: &Option<Arc<Device>>,
+    peer_room: &mut u64,
+) -> Option<Step> {
     let d = dev.id as u8;
     let s = p.state(i);
     let ev = if s.loc() != Loc::Device(d) {
@@ -83,7 +89,13 @@ fn evict_step(dev: &Device, p: &crate::obj::region::Pages, i: usize, peer: &Opti
 
 /// Counts an evicted page by where it went; a page parked on `peer` is recorded there as
 /// lent (the lender reclaims parked frames first). Returns whether it was parked.
-fn note_evicted(dev: &Device, peer: &Option<Arc<Device>>, region: &Arc<Region>, p: &crate::obj::region::Pages, st: &Step) -> bool {
+fn note_evicted(
+    dev: &Device,
+    peer: &Option<Arc<Device>>,
+    region: &Arc<Region>,
+    p: &crate::obj::region::Pages,
+    st: &Step,
+) -> bool {
     let (c, parked) = match st.a.copy {
         _ if st.prev.loc() != Loc::Device(dev.id as u8) => (&dev.stats.evicted_clean, false),
         Copy::D2D { to, .. } => {
@@ -103,7 +115,13 @@ fn note_evicted(dev: &Device, peer: &Option<Arc<Device>>, region: &Arc<Region>, 
 /// Evicts the pages `idx` of `region` (held on `dev`) as one executor batch; returns
 /// pages freed on `dev`, or `ENOMEM` when host memory (or the memory cgroup) is exhausted:
 /// then nothing more can be evicted to the host and the caller stops.
-fn evict_pages(dev: &Device, region: &Arc<Region>, p: &mut crate::obj::region::Pages, idx: &[usize], peer: &Option<Arc<Device>>) -> Result<usize> {
+fn evict_pages(
+    dev: &Device,
+    region: &Arc<Region>,
+    p: &mut crate::obj::region::Pages,
+    idx: &[usize],
+    peer: &Option<Arc<Device>>,
+) -> Result<usize> {
     // The lender's reserve is respected for the whole batch: its own allocations win.
     let mut peer_room = match peer {
         Some(peer) if peer.alive() => peer.frames_free().saturating_sub(peer.high() + 1),
@@ -157,7 +175,14 @@ fn evict_pages(dev: &Device, region: &Arc<Region>, p: &mut crate::obj::region::P
 /// Whether the page at `i` (owner frame `frame` on `dev`) deserves a second chance: the
 /// device touched it since the last look, or it prefers this device and was not spared
 /// yet. Either way it is marked referenced.
-fn spare(dev: &Device, region: &Region, ctx: Option<Ctx>, advice: &AdviceMap<ADVICE_RUNS>, i: usize, frame: u32) -> bool {
+fn spare(
+    dev: &Device,
+    region: &Region,
+    ctx: Option<Ctx>,
+    advice: &AdviceMap<ADVICE_RUNS>,
+    i: usize,
+    frame: u32,
+) -> bool {
     let used = match (ctx, dev.ops()) {
         (Some(c), Some(ops)) => ops.test_clear_accessed(c, region.va(i)).unwrap_or(false),
         _ => false,

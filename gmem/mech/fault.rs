@@ -6,26 +6,19 @@
 //! Both end in the block executor with the block's lock held. Also here: the other VMA
 //! callbacks (open/close/may_split/mremap) that tie a region's life to its VMA.
 
-use crate::obj::device::{DevStats, Device};
 use crate::exec::migrate::{self, Env};
-use crate::policy::batch;
 use crate::mech::evict::{self, Why};
-use crate::policy::page_state::{transition, Actions, Copy, Event, Loc, PageState, Refused, Target};
-use crate::policy::thrash::{ThrashParams, Verdict};
 use crate::mech::prefetch;
-use crate::obj::tune;
-use core::sync::atomic::Ordering::Relaxed;
+use crate::obj::device::{DevStats, Device};
 use crate::obj::region::{adv, Pages, Region, ADVICE_RUNS};
-use crate::policy::range::AdviceMap;
 use crate::obj::space::{Space, Thrash};
-use kernel::{
-    bindings,
-    ffi::c_ulong,
-    prelude::*,
-    sync::Arc,
-};
-
-
+use crate::obj::tune;
+use crate::policy::batch;
+use crate::policy::page_state::{transition, Actions, Copy, Event, Loc, PageState, Refused, Target};
+use crate::policy::range::AdviceMap;
+use crate::policy::thrash::{ThrashParams, Verdict};
+use core::sync::atomic::Ordering::Relaxed;
+use kernel::{bindings, ffi::c_ulong, prelude::*, sync::Arc};
 
 /// The transition of a CPU access to a page in state `s` (a fault, or ptrace's `.access`).
 /// The CPU always maps GMEM pages writable, so it does not share read-only duplicates with
@@ -42,7 +35,12 @@ pub(crate) fn cpu_transition(s: PageState, write: bool) -> core::result::Result<
 /// executor batch and are mapped too, so a stream of CPU faults over device memory takes
 /// a few batches per block instead of a fault per page. Pinned, lost and advised pages
 /// are left alone.
-pub(crate) fn cpu_fault(region: &Arc<Region>, vmf: *mut bindings::vm_fault, addr: usize, write: bool) -> Result<bindings::vm_fault_t> {
+pub(crate) fn cpu_fault(
+    region: &Arc<Region>,
+    vmf: *mut bindings::vm_fault,
+    addr: usize,
+    write: bool,
+) -> Result<bindings::vm_fault_t> {
     let i = region.index(addr).ok_or(EFAULT)?;
     let block = region.block(i)?;
     let mut p = region.lock(&block);
@@ -175,7 +173,9 @@ pub(crate) fn record_moves(dev: Option<&Device>, space: &Space, r: &Region, step
     }
     let moved = |st: &&migrate::Step| match dev {
         Some(_) => st.a.copy != Copy::None && !matches!(st.a.copy, Copy::ZeroDev(_)),
-        None => matches!(st.a.copy, Copy::D2H(_)) || (matches!(st.prev.loc(), Loc::Device(_)) && st.next.loc() == Loc::Host),
+        None => {
+            matches!(st.a.copy, Copy::D2H(_)) || (matches!(st.prev.loc(), Loc::Device(_)) && st.next.loc() == Loc::Host)
+        }
     };
     let (mut hits, mut throttle) = (0u64, false);
     {
@@ -213,7 +213,10 @@ fn dev_fault_step(
     let bits = advice.get(i as u64);
     let s = p.state(i);
     let mut accessed_by = bits & (1 << d) != 0 || adv::preferred(bits) == Some(Target::Host);
-    if !accessed_by && s.loc() == Loc::Host && thrash.is_some_and(|t| !t.table.is_empty() && t.table.pinned(r.va(i), now_ns())) {
+    if !accessed_by
+        && s.loc() == Loc::Host
+        && thrash.is_some_and(|t| !t.table.is_empty() && t.table.pinned(r.va(i), now_ns()))
+    {
         accessed_by = true;
     }
     let ev = Event::DevFault { dev: d, write, read_mostly: bits & adv::READ_MOSTLY != 0, accessed_by };

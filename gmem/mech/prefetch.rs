@@ -8,12 +8,12 @@
 //! accessed bit then tells whether the prefetch was used or wasted (debugfs counters).
 //! Prefetch is speculative: it never evicts, it stops when the device is full.
 
-use crate::obj::device::{DevStats, Device, F_PREFETCHED};
 use crate::exec::migrate::{self, Env, Step};
-use crate::policy::page_state::{transition, Actions, Event, Loc, Target};
-use crate::policy::prefetch::{density, BLOCK_PAGES};
+use crate::obj::device::{DevStats, Device, F_PREFETCHED};
 use crate::obj::region::{Pages, Region, PAGE_SIZE};
 use crate::obj::tune;
+use crate::policy::page_state::{transition, Actions, Event, Loc, Target};
+use crate::policy::prefetch::{density, BLOCK_PAGES};
 use core::sync::atomic::Ordering::Relaxed;
 use kernel::{mm::virt::VmaRef, prelude::*, sync::Arc};
 

@@ -23,8 +23,12 @@ pub(crate) fn teardown(region: &Arc<Region>) {
             from = p.range().end;
             let r = p.range();
             if let Err(e) = apply_range(&env, &mut p, r.start, r.end, Event::Free, EINVAL) {
-                pr_err!("teardown of region {:#x} failed: {:?}
-", region.start, e);
+                pr_err!(
+                    "teardown of region {:#x} failed: {:?}
+",
+                    region.start,
+                    e
+                );
             }
             drop(p);
             crate::obj::sched::cond_resched();
@@ -32,4 +36,3 @@ pub(crate) fn teardown(region: &Arc<Region>) {
     }
     region.space.remove_region(region);
 }
-

@@ -19,9 +19,9 @@
 //! spinlock.
 
 use crate::abi::{GmemCopy, GmemDevOps, GmemDevProps, GmemPte, GMEM_DEV_CAP_MAP_2M, GMEM_DRIVER_ABI_VERSION};
+use crate::obj::region::Region;
 use crate::policy::evict::{self as order, Clock, F_CLEAN, F_LENT, F_PINNED, F_REF, F_USED};
 use crate::policy::frames::{FrameMap, CHUNK_FRAMES};
-use crate::obj::region::Region;
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use kernel::{
     bindings,
@@ -503,7 +503,12 @@ impl Device {
     /// Up to `want` frames chosen by `pick` appended to `out` under one acquisition of the
     /// pool lock; returns how many (fewer when `pick` finds none). Each starts like
     /// `alloc_frame`'s.
-    fn alloc_into(&self, want: usize, out: &mut KVec<u32>, mut pick: impl FnMut(&mut FrameMap<'_>) -> Option<u64>) -> Result<usize> {
+    fn alloc_into(
+        &self,
+        want: usize,
+        out: &mut KVec<u32>,
+        mut pick: impl FnMut(&mut FrameMap<'_>) -> Option<u64>,
+    ) -> Result<usize> {
         out.reserve(want, GFP_KERNEL)?;
         let mut pool = self.pool();
         let FramePool { bits, cursor, used, flags, .. } = &mut *pool;
@@ -533,14 +538,23 @@ impl Device {
     /// `hint` (where the block's other pages on this device are) or, without one, a wholly
     /// free chunk. A block whose pages all end up at `base + k` can be mapped with one
     /// 2 MiB entry. Returns how many (fewer when the pool runs out).
-    pub(crate) fn alloc_placed(&self, hint: Option<u64>, offs: impl Iterator<Item = u64>, want: usize, out: &mut KVec<u32>) -> Result<usize> {
+    pub(crate) fn alloc_placed(
+        &self,
+        hint: Option<u64>,
+        offs: impl Iterator<Item = u64>,
+        want: usize,
+        out: &mut KVec<u32>,
+    ) -> Result<usize> {
         let nr = self.nr_frames;
         let mut offs = offs.take(want);
         // Chosen with the first frame, under the pool lock.
         let mut base: Option<Option<u64>> = None;
         self.alloc_into(want, out, |map| {
             let k = offs.next()?;
-            let b = *base.get_or_insert_with(|| hint.filter(|b| b % CHUNK_FRAMES == 0 && b.saturating_add(CHUNK_FRAMES) <= nr).or_else(|| map.free_chunk()));
+            let b = *base.get_or_insert_with(|| {
+                hint.filter(|b| b % CHUNK_FRAMES == 0 && b.saturating_add(CHUNK_FRAMES) <= nr)
+                    .or_else(|| map.free_chunk())
+            });
             let placed = b.and_then(|b| b.checked_add(k)).filter(|&f| k < CHUNK_FRAMES && map.alloc_at(f));
             placed.or_else(|| map.alloc())
         })

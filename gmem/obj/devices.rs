@@ -203,7 +203,7 @@ mod tests {
             tlb_invalidate: Some(u),
             copy: Some(cp),
             frame_page: None,
-        test_clear_accessed: None,
+            test_clear_accessed: None,
         };
         let mut p = props(1);
         // Capabilities: unknown bits and a nonzero reserved word are refused.

@@ -92,4 +92,3 @@ impl<T: ZeroIsEmpty> Drop for Meta<T> {
         unsafe { bindings::kvfree(self.ptr.as_ptr().cast()) };
     }
 }
-

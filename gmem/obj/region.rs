@@ -23,11 +23,11 @@
 //! lookups hand out `Arc<Block>` references. A torn-down region (`dead`) keeps its blocks
 //! (empty) until the last reference to the region goes.
 
-use crate::policy::page_state::{PageState, MAX_DEVICES};
-use crate::policy::range::{AdviceMap, PageRange};
-use crate::obj::space::Space;
 use crate::obj::host_page::HostPage;
 use crate::obj::meta::Meta;
+use crate::obj::space::Space;
+use crate::policy::page_state::{PageState, MAX_DEVICES};
+use crate::policy::range::{AdviceMap, PageRange};
 use core::sync::atomic::{AtomicBool, Ordering};
 use kernel::{
     new_mutex,
@@ -207,7 +207,13 @@ impl Block {
         // All-zero metadata is "never touched" (`PageState::EMPTY`, frame 0, no host page);
         // failable, see meta.rs.
         const _: () = assert!(PageState::EMPTY.bits() == 0);
-        let pages = Pages { base, state: Meta::zeroed(len)?, frame: Meta::zeroed(len)?, host: Meta::zeroed(len)?, dups: Dups::new() };
+        let pages = Pages {
+            base,
+            state: Meta::zeroed(len)?,
+            frame: Meta::zeroed(len)?,
+            host: Meta::zeroed(len)?,
+            dups: Dups::new(),
+        };
         Arc::pin_init(
             try_pin_init!(Block {
                 pages <- new_mutex!(pages, "gmem_block_pages"),
@@ -250,9 +256,7 @@ impl Region {
     pub(crate) fn new(space: Arc<Space>, start: usize, npages: usize, initial_advice: u32) -> Result<Arc<Region>> {
         let mut advice = AdviceMap::new();
         if initial_advice != 0 {
-            advice
-                .set(PageRange { first: 0, count: npages as u64 }, initial_advice)
-                .map_err(|_| EINVAL)?;
+            advice.set(PageRange { first: 0, count: npages as u64 }, initial_advice).map_err(|_| EINVAL)?;
         }
         let skew = (start / PAGE_SIZE) % BLOCK_PAGES;
         let blocks = npages.checked_add(skew).ok_or(EINVAL)?.div_ceil(BLOCK_PAGES);
@@ -501,7 +505,7 @@ mod tests {
     fn lazy_metadata_of_a_terabyte() {
         let s = test_space();
         let npages = 1usize << 28; // 1 TiB of 4 KiB pages
-        // Not 2 MiB-aligned: the first and last blocks are partial.
+                                   // Not 2 MiB-aligned: the first and last blocks are partial.
         let start = 0x100_0000_0000 + 3 * PAGE_SIZE;
         let r = Region::new(s.clone(), start, npages, 0).expect("region");
         let untouched = r.metadata_bytes();

@@ -8,9 +8,9 @@
 //! `Space::thrash` are taken under a block lock (see Documentation/design.rst).
 
 use crate::obj::device::{Ctx, Device};
-use crate::policy::thrash::{RecentMoves, ThrashTable};
-use crate::obj::region::Region;
 use crate::obj::devices::MAX_DEVICES;
+use crate::obj::region::Region;
+use crate::policy::thrash::{RecentMoves, ThrashTable};
 use core::sync::atomic::{AtomicU64, Ordering};
 use kernel::{
     maple_tree::MapleTree,

@@ -379,7 +379,9 @@ impl<T: Driver> Adapter<T> {
         let host = || -> Option<&[HostCopy]> {
             // SAFETY: `HostCopy` is a transparent wrapper of `GmemCopy`; its invariant (a
             // host page in every entry) is checked first.
-            raw.iter().all(|e| !e.host.is_null()).then(|| unsafe { core::slice::from_raw_parts(c.cast::<HostCopy>(), raw.len()) })
+            raw.iter()
+                .all(|e| !e.host.is_null())
+                .then(|| unsafe { core::slice::from_raw_parts(c.cast::<HostCopy>(), raw.len()) })
         };
         // SAFETY: `FrameCopy` is a transparent wrapper of `GmemCopy` without invariants.
         let frames = unsafe { core::slice::from_raw_parts(c.cast::<FrameCopy>(), raw.len()) };
@@ -421,7 +423,13 @@ extern "C" {
     fn gmem_space_get_current() -> *mut GmemSpaceHandle;
     fn gmem_space_put(space: *mut GmemSpaceHandle);
     fn gmem_space_ctx(dev: *mut GmemDevHandle, space: *mut GmemSpaceHandle) -> *mut c_void;
-    fn gmem_dev_fault(dev: *mut GmemDevHandle, space: *mut GmemSpaceHandle, addrs: *const u64, n: u32, access: u32) -> c_int;
+    fn gmem_dev_fault(
+        dev: *mut GmemDevHandle,
+        space: *mut GmemSpaceHandle,
+        addrs: *const u64,
+        n: u32,
+        access: u32,
+    ) -> c_int;
 }
 
 /// How a device registers.

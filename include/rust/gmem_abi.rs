@@ -57,20 +57,11 @@ pub struct GmemCopy {
 pub struct GmemDevOps {
     pub ctx_create: Option<unsafe extern "C" fn(drv: *mut c_void, ctx: *mut *mut c_void) -> c_int>,
     pub ctx_destroy: Option<unsafe extern "C" fn(drv: *mut c_void, ctx: *mut c_void)>,
-    pub map: Option<
-        unsafe extern "C" fn(drv: *mut c_void, ctx: *mut c_void, ptes: *const GmemPte, n: u32) -> c_int,
-    >,
+    pub map: Option<unsafe extern "C" fn(drv: *mut c_void, ctx: *mut c_void, ptes: *const GmemPte, n: u32) -> c_int>,
     pub unmap: Option<unsafe extern "C" fn(drv: *mut c_void, ctx: *mut c_void, va: u64, npages: u64)>,
-    pub tlb_invalidate:
-        Option<unsafe extern "C" fn(drv: *mut c_void, ctx: *mut c_void, va: u64, npages: u64)>,
+    pub tlb_invalidate: Option<unsafe extern "C" fn(drv: *mut c_void, ctx: *mut c_void, va: u64, npages: u64)>,
     pub copy: Option<
-        unsafe extern "C" fn(
-            drv: *mut c_void,
-            dir: u32,
-            c: *const GmemCopy,
-            n: u32,
-            peer_drv: *mut c_void,
-        ) -> c_int,
+        unsafe extern "C" fn(drv: *mut c_void, dir: u32, c: *const GmemCopy, n: u32, peer_drv: *mut c_void) -> c_int,
     >,
     pub frame_page: Option<unsafe extern "C" fn(drv: *mut c_void, frame: u64) -> *mut bindings::page>,
     pub test_clear_accessed: Option<unsafe extern "C" fn(drv: *mut c_void, ctx: *mut c_void, va: u64) -> c_int>,

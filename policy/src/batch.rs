@@ -52,11 +52,7 @@ impl<'a> Iterator for BlockIter<'a> {
 
     fn next(&mut self) -> Option<&'a [u64]> {
         let block = self.rest.first()? >> BLOCK_SHIFT;
-        let n = self
-            .rest
-            .iter()
-            .position(|a| a >> BLOCK_SHIFT != block)
-            .unwrap_or(self.rest.len());
+        let n = self.rest.iter().position(|a| a >> BLOCK_SHIFT != block).unwrap_or(self.rest.len());
         let (run, rest) = self.rest.split_at(n);
         self.rest = rest;
         Some(run)

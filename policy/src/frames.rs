@@ -42,12 +42,7 @@ impl<'a> FrameMap<'a> {
 
     /// Wraps the caller's state. `None` if `bits` is too short or `used > nframes`. Does not
     /// clear the bitmap; an out-of-range cursor restarts at 0.
-    pub fn new(
-        bits: &'a mut [u64],
-        cursor: &'a mut u64,
-        used: &'a mut u64,
-        nframes: u64,
-    ) -> Option<Self> {
+    pub fn new(bits: &'a mut [u64], cursor: &'a mut u64, used: &'a mut u64, nframes: u64) -> Option<Self> {
         if bits.len() < Self::words_for(nframes) || *used > nframes {
             return None;
         }

@@ -237,15 +237,8 @@ struct Fields {
 }
 
 impl Fields {
-    const NONE: Fields = Fields {
-        loc: Loc::None,
-        pinned: false,
-        dirty: false,
-        host_valid: false,
-        cpu_mapped: false,
-        dup: 0,
-        remote: 0,
-    };
+    const NONE: Fields =
+        Fields { loc: Loc::None, pinned: false, dirty: false, host_valid: false, cpu_mapped: false, dup: 0, remote: 0 };
     /// The authoritative copy is the (clean) host page.
     const HOST: Fields = Fields { loc: Loc::Host, host_valid: true, ..Fields::NONE };
     /// The data is gone; nothing else can be true of the page.
@@ -609,9 +602,7 @@ fn dev_fault(
             a.map_dev = remote(true);
             return Ok(Fields { remote: bit(d), ..dev_to_host(f, o, a) });
         }
-        Loc::Device(o) if read_mostly && !write => {
-            return Ok(add_dup(f, d, Copy::D2D { from: o, to: d }, a))
-        }
+        Loc::Device(o) if read_mostly && !write => return Ok(add_dup(f, d, Copy::D2D { from: o, to: d }, a)),
         Loc::Device(o) => dev_to_dev(f, o, d, a),
     };
     // `n` is `Device(d)`: d maps its own frame, writable only once the page is dirty.
@@ -751,10 +742,7 @@ mod tests {
         let (s, a) = go(PageState::EMPTY, Event::CpuFault { write: false });
         assert_eq!(s.loc(), Loc::Host);
         assert!(s.cpu_mapped() && s.host_valid() && !s.dirty());
-        assert_eq!(
-            a,
-            Actions { alloc_host: true, copy: Copy::ZeroHost, map_cpu: true, ..Actions::default() }
-        );
+        assert_eq!(a, Actions { alloc_host: true, copy: Copy::ZeroHost, map_cpu: true, ..Actions::default() });
         assert_eq!(s.query_word(), Q_LOC_HOST | Q_CPU_MAPPED);
     }
 
@@ -769,10 +757,8 @@ mod tests {
         assert_eq!(s.query_word(), Q_LOC_DEVICE | (3 << 8) | Q_DIRTY);
     }
 
-    const RO: fn(u8) -> Option<DevMap> =
-        |dev| Some(DevMap { dev, writable: false, remote_host: false });
-    const RW: fn(u8) -> Option<DevMap> =
-        |dev| Some(DevMap { dev, writable: true, remote_host: false });
+    const RO: fn(u8) -> Option<DevMap> = |dev| Some(DevMap { dev, writable: false, remote_host: false });
+    const RW: fn(u8) -> Option<DevMap> = |dev| Some(DevMap { dev, writable: true, remote_host: false });
 
     /// A host page the CPU has written (and still maps).
     fn host_page() -> PageState {
@@ -786,22 +772,13 @@ mod tests {
         assert!(s.host_valid() && !s.dirty() && !s.cpu_mapped());
         assert_eq!(
             a,
-            Actions {
-                alloc_frame: Some(1),
-                copy: Copy::H2D(1),
-                zap_cpu: true,
-                map_dev: RO(1),
-                ..Actions::default()
-            }
+            Actions { alloc_frame: Some(1), copy: Copy::H2D(1), zap_cpu: true, map_dev: RO(1), ..Actions::default() }
         );
         assert_eq!(s.query_word(), Q_LOC_DEVICE | (1 << 8));
         // Leaving the device needs no copy: the host page is current.
         let (h, a) = go(s, Event::CpuFault { write: false });
         assert_eq!(h.loc(), Loc::Host);
-        assert_eq!(
-            a,
-            Actions { unmap_dev: 1 << 1, free_frame: Some(1), map_cpu: true, ..Actions::default() }
-        );
+        assert_eq!(a, Actions { unmap_dev: 1 << 1, free_frame: Some(1), map_cpu: true, ..Actions::default() });
     }
 
     #[test]
@@ -835,8 +812,7 @@ mod tests {
     fn clean_shortcut_for_evict_prefetch_and_device_gone() {
         let (s, _) = go(host_page(), dev_fault(3, false));
         let shortcut = Actions { unmap_dev: 1 << 3, free_frame: Some(3), ..Actions::default() };
-        for e in [Event::Evict, Event::Prefetch { to: Target::Host }, Event::DeviceGone { dev: 3 }]
-        {
+        for e in [Event::Evict, Event::Prefetch { to: Target::Host }, Event::DeviceGone { dev: 3 }] {
             let (h, a) = go(s, e);
             assert_eq!((h.loc(), h.host_valid(), h.cpu_mapped()), (Loc::Host, true, false));
             assert_eq!(a, shortcut, "{e:?}");
@@ -881,19 +857,8 @@ mod tests {
     fn write_back_cleans_a_dirty_page_and_revokes_its_mapping() {
         let (d, _) = go(PageState::EMPTY, Event::Pin { dev: 6 });
         let (c, a) = go(d, Event::WriteBack);
-        assert_eq!(
-            (c.loc(), c.pinned(), c.dirty(), c.host_valid()),
-            (Loc::Device(6), true, false, true)
-        );
-        assert_eq!(
-            a,
-            Actions {
-                alloc_host: true,
-                copy: Copy::D2H(6),
-                unmap_dev: 1 << 6,
-                ..Actions::default()
-            }
-        );
+        assert_eq!((c.loc(), c.pinned(), c.dirty(), c.host_valid()), (Loc::Device(6), true, false, true));
+        assert_eq!(a, Actions { alloc_host: true, copy: Copy::D2H(6), unmap_dev: 1 << 6, ..Actions::default() });
         // The next access maps read-only; a write dirties it again.
         assert_eq!(go(c, dev_fault(6, false)).1.map_dev, RO(6));
         assert!(go(c, dev_fault(6, true)).0.dirty());
@@ -1074,8 +1039,7 @@ mod tests {
         let s = f.pack();
         assert_eq!(s.unpack(), f);
         assert_eq!(PageState::from_bits(s.bits()), s);
-        let d =
-            Fields { loc: Loc::Device(15), dirty: true, dup: 0x7ffe, pinned: true, ..Fields::NONE };
+        let d = Fields { loc: Loc::Device(15), dirty: true, dup: 0x7ffe, pinned: true, ..Fields::NONE };
         let d = d.pack();
         assert_eq!((d.loc(), d.dup_mask(), d.pinned()), (Loc::Device(15), 0x7ffe, true));
     }
@@ -1140,15 +1104,7 @@ mod tests {
         assert!(c.host_valid() && !c.dirty());
         let (l, a) = go(c, Event::Lose);
         assert_eq!(l, lost());
-        assert_eq!(
-            a,
-            Actions {
-                unmap_dev: 1 << 1,
-                free_frame: Some(1),
-                free_host: true,
-                ..Actions::default()
-            }
-        );
+        assert_eq!(a, Actions { unmap_dev: 1 << 1, free_frame: Some(1), free_host: true, ..Actions::default() });
     }
 
     #[test]

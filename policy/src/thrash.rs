@@ -69,8 +69,7 @@ struct Entry {
 }
 
 impl Entry {
-    const EMPTY: Entry =
-        Entry { used: false, page: 0, last_ns: 0, moves: 0, throttles: 0, pin_until: 0 };
+    const EMPTY: Entry = Entry { used: false, page: 0, last_ns: 0, moves: 0, throttles: 0, pin_until: 0 };
 }
 
 /// Fixed-capacity thrashing table (see the module documentation).
@@ -253,8 +252,7 @@ mod tests {
     #[test]
     fn backwards_clock_and_extreme_params_do_not_overflow() {
         let mut t: ThrashTable<1> = ThrashTable::new();
-        let p =
-            ThrashParams { window_ns: u64::MAX, moves: 0, throttles_to_pin: 0, pin_ns: u64::MAX };
+        let p = ThrashParams { window_ns: u64::MAX, moves: 0, throttles_to_pin: 0, pin_ns: u64::MAX };
         assert_eq!(t.on_move(5, u64::MAX, &p), Verdict::PinRemote);
         assert!(t.pinned(5, u64::MAX - 1));
         let mut t: ThrashTable<1> = ThrashTable::new();

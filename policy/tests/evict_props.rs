@@ -21,11 +21,7 @@ fn reference(flags: &mut [u8], hand: &mut u64, max: usize) -> Vec<u64> {
     for want_clean in [true, false] {
         for i in 0..n {
             let f = flags[i];
-            if out.len() < max
-                && evictable(f)
-                && f & F_LENT != 0
-                && (f & F_CLEAN != 0) == want_clean
-            {
+            if out.len() < max && evictable(f) && f & F_LENT != 0 && (f & F_CLEAN != 0) == want_clean {
                 out.push(i as u64);
                 chosen[i] = true;
             }

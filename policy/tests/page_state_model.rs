@@ -12,8 +12,7 @@
 //! `Free`, after which it reads zeros.
 
 use gmem_policy::page_state::{
-    transition, Actions, Copy, Event, Loc, PageState, Refused, Target, Q_LOC_DEVICE, Q_LOC_HOST,
-    Q_LOC_LOST, Q_LOC_NONE,
+    transition, Actions, Copy, Event, Loc, PageState, Refused, Target, Q_LOC_DEVICE, Q_LOC_HOST, Q_LOC_LOST, Q_LOC_NONE,
 };
 use proptest::prelude::*;
 
@@ -172,15 +171,12 @@ impl Model {
             }
         };
         let owner_val = |o: u8, m: &Model| {
-            m.owner[usize::from(o)]
-                .map(|(_, v)| v)
-                .ok_or_else(|| TestCaseError::fail("copy from a non-owner"))
+            m.owner[usize::from(o)].map(|(_, v)| v).ok_or_else(|| TestCaseError::fail("copy from a non-owner"))
         };
         match a.copy {
             Copy::None => {}
             Copy::ZeroHost => {
-                let h =
-                    self.host.as_mut().ok_or_else(|| TestCaseError::fail("ZeroHost w/o host"))?;
+                let h = self.host.as_mut().ok_or_else(|| TestCaseError::fail("ZeroHost w/o host"))?;
                 h.1 = 0;
             }
             Copy::ZeroDev(d) => fill_new(d, 0)?,
@@ -242,8 +238,7 @@ impl Model {
         if let Some(m) = a.map_dev {
             let d = usize::from(m.dev);
             let via = if m.remote_host {
-                let (id, _) =
-                    self.host.ok_or_else(|| TestCaseError::fail("remote map w/o host"))?;
+                let (id, _) = self.host.ok_or_else(|| TestCaseError::fail("remote map w/o host"))?;
                 Via::Remote(id)
             } else {
                 let f = if st.loc() == Loc::Device(m.dev) { self.owner[d] } else { self.dup[d] };
@@ -274,8 +269,7 @@ impl Model {
             _ => {}
         }
         if let Loc::Device(o) = pre.loc() {
-            let unpins =
-                matches!(e, Event::Unpin | Event::DeviceGone { .. } | Event::Free | Event::Lose);
+            let unpins = matches!(e, Event::Unpin | Event::DeviceGone { .. } | Event::Free | Event::Lose);
             if pre.pinned() && !unpins {
                 prop_assert_eq!((st.loc(), st.pinned()), (Loc::Device(o), true));
             }
@@ -286,10 +280,9 @@ impl Model {
 
     fn check_refusal(&self, e: Event, r: Refused) -> Result<(), TestCaseError> {
         let bad_dev = match e {
-            Event::DevFault { dev, .. }
-            | Event::Pin { dev }
-            | Event::DeviceGone { dev }
-            | Event::EvictTo { dev } => usize::from(dev) >= NDEV,
+            Event::DevFault { dev, .. } | Event::Pin { dev } | Event::DeviceGone { dev } | Event::EvictTo { dev } => {
+                usize::from(dev) >= NDEV
+            }
             Event::Prefetch { to: Target::Device(d) } => usize::from(d) >= NDEV,
             _ => false,
         };
@@ -301,10 +294,7 @@ impl Model {
             if lost {
                 let access = matches!(
                     e,
-                    Event::CpuFault { .. }
-                        | Event::DevFault { .. }
-                        | Event::Prefetch { .. }
-                        | Event::Pin { .. }
+                    Event::CpuFault { .. } | Event::DevFault { .. } | Event::Prefetch { .. } | Event::Pin { .. }
                 );
                 prop_assert!(access, "{:?} refused on a lost page", e);
             } else {
@@ -419,12 +409,7 @@ impl Model {
             let is_dup = s.dup_mask() & (1 << d) != 0;
             prop_assert_eq!(self.dup[d].is_some(), is_dup, "dup frame on {} vs mask", d);
             if is_dup {
-                prop_assert_eq!(
-                    self.dup[d].map(|f| f.1),
-                    Some(self.expected),
-                    "stale dup on {}",
-                    d
-                );
+                prop_assert_eq!(self.dup[d].map(|f| f.1), Some(self.expected), "stale dup on {}", d);
             }
             let is_remote = s.remote_mask() & (1 << d) != 0;
             match self.dmap[d] {
@@ -459,8 +444,7 @@ impl Model {
         };
         prop_assert_eq!(w & 0xff, loc);
         prop_assert_eq!((w >> 8) & 0xff, owner);
-        let flags =
-            [s.pinned(), s.dirty(), s.dup_mask() != 0, s.remote_mask() != 0, s.cpu_mapped()];
+        let flags = [s.pinned(), s.dirty(), s.dup_mask() != 0, s.remote_mask() != 0, s.cpu_mapped()];
         for (i, f) in flags.into_iter().enumerate() {
             prop_assert_eq!(w & (1 << (16 + i)) != 0, f);
         }

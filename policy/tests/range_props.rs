@@ -30,8 +30,12 @@ struct Op {
 }
 
 fn op() -> impl Strategy<Value = Op> {
-    (any::<bool>(), 0..PAGES, 0..PAGES / 2, 1u32..16)
-        .prop_map(|(set, first, count, bits)| Op { set, first, count, bits })
+    (any::<bool>(), 0..PAGES, 0..PAGES / 2, 1u32..16).prop_map(|(set, first, count, bits)| Op {
+        set,
+        first,
+        count,
+        bits,
+    })
 }
 
 proptest! {

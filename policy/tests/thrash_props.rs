@@ -7,14 +7,9 @@ use proptest::prelude::*;
 use std::collections::BTreeMap;
 
 fn params() -> impl Strategy<Value = ThrashParams> {
-    (1u64..1_000_000, 1u32..6, 1u32..12, 0u64..10_000_000).prop_map(
-        |(window_ns, moves, throttles_to_pin, pin_ns)| ThrashParams {
-            window_ns,
-            moves,
-            throttles_to_pin,
-            pin_ns,
-        },
-    )
+    (1u64..1_000_000, 1u32..6, 1u32..12, 0u64..10_000_000).prop_map(|(window_ns, moves, throttles_to_pin, pin_ns)| {
+        ThrashParams { window_ns, moves, throttles_to_pin, pin_ns }
+    })
 }
 
 proptest! {

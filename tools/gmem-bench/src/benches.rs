@@ -107,7 +107,12 @@ unsafe fn copy(style: u8, src: *const u8, dst: *mut u8, n: usize) {
             for i in (0..n / 16).step_by(4) {
                 // SAFETY: SSE2 is baseline on x86_64; 4 x 16 bytes within both mappings.
                 unsafe {
-                    let (a, b, c, e) = (_mm_loadu_si128(s.add(i)), _mm_loadu_si128(s.add(i + 1)), _mm_loadu_si128(s.add(i + 2)), _mm_loadu_si128(s.add(i + 3)));
+                    let (a, b, c, e) = (
+                        _mm_loadu_si128(s.add(i)),
+                        _mm_loadu_si128(s.add(i + 1)),
+                        _mm_loadu_si128(s.add(i + 2)),
+                        _mm_loadu_si128(s.add(i + 3)),
+                    );
                     _mm_storeu_si128(d.add(i), a);
                     _mm_storeu_si128(d.add(i + 1), b);
                     _mm_storeu_si128(d.add(i + 2), c);
@@ -137,8 +142,10 @@ fn round_pages(x: f64) -> usize {
 fn overcommit_summary(d: &Counters, dev: u32) -> Json {
     let allocs = get(d, dev, "faults.allocs");
     let waits = get(d, dev, "faults.waits_for_eviction");
-    let (pf, used, wasted) = (get(d, dev, "prefetch.pages"), get(d, dev, "prefetch.used"), get(d, dev, "prefetch.wasted"));
-    let (to_host, to_peer, clean) = (get(d, dev, "evicted.to_host"), get(d, dev, "evicted.to_peer"), get(d, dev, "evicted.clean_dropped"));
+    let (pf, used, wasted) =
+        (get(d, dev, "prefetch.pages"), get(d, dev, "prefetch.used"), get(d, dev, "prefetch.wasted"));
+    let (to_host, to_peer, clean) =
+        (get(d, dev, "evicted.to_host"), get(d, dev, "evicted.to_peer"), get(d, dev, "evicted.clean_dropped"));
     let ratio = |a: u64, b: u64| if b == 0 { Json::Null } else { crate::json::num(a as f64 / b as f64) };
     Json::obj()
         .with("fault_pages", get(d, dev, "faults.pages"))
@@ -319,8 +326,13 @@ impl Bench {
     /// page fault, the floor under any CPU-fault-driven migration.
     pub fn baseline(&mut self) -> R<Json> {
         let n = self.size;
-        let variants: [(&str, u8); 5] =
-            [("memcpy", 0), ("memcpy_nothp", 4), ("memcpy_per_4k_page", 1), ("sse2_loop", 2), ("kernel_copy_to_user", 3)];
+        let variants: [(&str, u8); 5] = [
+            ("memcpy", 0),
+            ("memcpy_nothp", 4),
+            ("memcpy_per_4k_page", 1),
+            ("sse2_loop", 2),
+            ("kernel_copy_to_user", 3),
+        ];
         let bases = variants.iter().map(|&(_, style)| CopyBase::new(n, style)).collect::<R<Vec<_>>>()?;
         let file = sys::TmpFile::with(bases[4].src.bytes())?;
         let mut times: Vec<Vec<f64>> = vec![vec![]; variants.len()];
@@ -427,7 +439,10 @@ impl Bench {
                     let t1 = now();
                     let o2 = t!(self.s0.checksum(r.addr, n as u64));
                     let t2 = now();
-                    ensure!(o.is_none_or(|o| o.result == expect) && o2.result == expect, "P1 {name}: device checksum mismatch");
+                    ensure!(
+                        o.is_none_or(|o| o.result == expect) && o2.result == expect,
+                        "P1 {name}: device checksum mismatch"
+                    );
                     ensure!(!explicit || o2.faults == 0, "P1 {name}: {} pages faulted after PREFETCH", o2.faults);
                     Ok((t1 - t0, t2 - t1, o))
                 })?;
@@ -471,7 +486,10 @@ impl Bench {
                 j.set("ratio_net", c.stat("ratio_net"));
                 j.set("faults_per_run", c.per_page(c.faults, 1));
                 j.set("batches_per_run", c.per_page(c.batches, 1));
-                j.set("pages_per_batch", if c.batches == 0 { Json::Null } else { crate::json::num(c.faults as f64 / c.batches as f64) });
+                j.set(
+                    "pages_per_batch",
+                    if c.batches == 0 { Json::Null } else { crate::json::num(c.faults as f64 / c.batches as f64) },
+                );
             }
             out.set(name, j);
         }
@@ -500,8 +518,16 @@ impl Bench {
                     let o = t!(self.s0.checksum(a, (k * PAGE) as u64));
                     tf += now() - t0;
                     let w0 = off * PAGE / 4;
-                    ensure!(o.batches == 1 && o.faults == k as u64, "fault profile: {} faults in {} batches for {k} pages", o.faults, o.batches);
-                    ensure!(o.result == checksum_of(k * PAGE / 4, |i| pattern(w0 + i, seed)), "fault profile: checksum mismatch");
+                    ensure!(
+                        o.batches == 1 && o.faults == k as u64,
+                        "fault profile: {} faults in {} batches for {k} pages",
+                        o.faults,
+                        o.batches
+                    );
+                    ensure!(
+                        o.result == checksum_of(k * PAGE / 4, |i| pattern(w0 + i, seed)),
+                        "fault profile: checksum mismatch"
+                    );
                 }
                 for off in (0..np).step_by(k) {
                     let t0 = now();
@@ -521,7 +547,10 @@ impl Bench {
             ks.iter()
                 .zip(&cells)
                 .map(|(&k, c)| {
-                    Json::obj().with("batch_pages", k).with("migrate_ns_per_page", c.stat("page")).with("migrate_ns_per_batch", c.stat("batch"))
+                    Json::obj()
+                        .with("batch_pages", k)
+                        .with("migrate_ns_per_page", c.stat("page"))
+                        .with("migrate_ns_per_batch", c.stat("batch"))
                 })
                 .collect(),
         ))
@@ -728,7 +757,10 @@ impl Bench {
             None => {
                 t!(self.s0.fill(r.addr, bytes as u64, value));
                 let o = t!(self.s0.checksum(r.addr, bytes as u64));
-                ensure!(o.result == expect[0], "P4 stream {bytes} bytes: checksum mismatch (data lost under oversubscription)");
+                ensure!(
+                    o.result == expect[0],
+                    "P4 stream {bytes} bytes: checksum mismatch (data lost under oversubscription)"
+                );
             }
             Some(c) => {
                 for off in (0..bytes).step_by(c) {
@@ -774,7 +806,9 @@ impl Bench {
         for c in configs {
             for &f in &c.factors {
                 let bytes = round_pages(self.cap as f64 * f);
-                expect_whole.entry(bytes).or_insert_with(|| vec![checksum_of(bytes / 4, |i| value.wrapping_add(i as u32))]);
+                expect_whole
+                    .entry(bytes)
+                    .or_insert_with(|| vec![checksum_of(bytes / 4, |i| value.wrapping_add(i as u32))]);
                 expect_chunks.entry(bytes).or_insert_with(|| {
                     (0..bytes)
                         .step_by(chunk)
@@ -811,11 +845,24 @@ impl Bench {
                         progress("P4", rep + 1, reps, &format!("{} {kind} {f}x ({} MiB)", c.name, bytes >> 20));
                         let cell = &mut cells[ci][ki][fi];
                         let (t, per) = match *kind {
-                            "stream" => (self.counted(cell, true, || self.stream_once(bytes, value, &expect_whole[&bytes], None))?, bytes as f64),
-                            "stream_chunked" => {
-                                (self.counted(cell, true, || self.stream_once(bytes, value, &expect_chunks[&bytes], Some(chunk)))?, bytes as f64)
-                            }
-                            _ => (self.counted(cell, true, || self.touch_once(bytes, value, touch_count, 7 + rep as u64))?, touch_count as f64),
+                            "stream" => (
+                                self.counted(cell, true, || {
+                                    self.stream_once(bytes, value, &expect_whole[&bytes], None)
+                                })?,
+                                bytes as f64,
+                            ),
+                            "stream_chunked" => (
+                                self.counted(cell, true, || {
+                                    self.stream_once(bytes, value, &expect_chunks[&bytes], Some(chunk))
+                                })?,
+                                bytes as f64,
+                            ),
+                            _ => (
+                                self.counted(cell, true, || {
+                                    self.touch_once(bytes, value, touch_count, 7 + rep as u64)
+                                })?,
+                                touch_count as f64,
+                            ),
                         };
                         // Per byte (or per touch): sizes differ between factors.
                         let u = t * 1e9 / per;
@@ -832,7 +879,10 @@ impl Bench {
         sys::restore()?;
         let mut cfgs = vec![];
         for (ci, c) in configs.iter().enumerate() {
-            let mut j = Json::obj().with("name", c.name.as_str()).with("control", c.control.as_str()).with("diagnostic", c.diagnostic);
+            let mut j = Json::obj()
+                .with("name", c.name.as_str())
+                .with("control", c.control.as_str())
+                .with("diagnostic", c.diagnostic);
             if let Some((lo, hi)) = c.watermarks {
                 j.set("watermarks", Json::obj().with("low", lo).with("high", hi));
             }
@@ -853,7 +903,10 @@ impl Bench {
                             .with("slowdown_spread", cell.stat("slowdown"))
                             .with("dev0", overcommit_summary(&cell.counters, self.d0 as u32))
                             .with("copies_per_page", cell.per_page(cell.copies, pages))
-                            .with("copy_calls_per_page", cell.per_page(all_devs(&cell.counters, "driver_calls.copy"), pages))
+                            .with(
+                                "copy_calls_per_page",
+                                cell.per_page(all_devs(&cell.counters, "driver_calls.copy"), pages),
+                            )
                             .with("tlb_flushes_per_page", cell.per_page(cell.tlb_flushes, pages))
                             .with("per_migrated_page", cell.work_per_page(pages))
                             .with("counters", counters_json(&cell.counters));
@@ -884,7 +937,8 @@ impl Bench {
         let np = (bytes / PAGE as u64).to_string();
         let meta = || -> R<u64> {
             let lines = sys::spaces();
-            let line = lines.iter().find(|l| l.get("pages") == Some(&np) && l.get("regions").map(String::as_str) == Some("1"));
+            let line =
+                lines.iter().find(|l| l.get("pages") == Some(&np) && l.get("regions").map(String::as_str) == Some("1"));
             let Some(l) = line else {
                 return Err(format!("no space line with regions=1 pages={np} in /sys/kernel/debug/gmem/spaces"));
             };
@@ -926,7 +980,8 @@ impl Bench {
             progress("P6", rep + 1, self.runs(), "1 vs 2 processes: on dev0, on dev0+dev1, CPU copies only");
             let a = run_procs(&[Work::Device(0)], bytes, rep as u32)?;
             let b = run_procs(&[Work::Device(0), Work::Device(0)], bytes, rep as u32)?;
-            let s = if two_devs { Some(run_procs(&[Work::Device(0), Work::Device(1)], bytes, rep as u32)?) } else { None };
+            let s =
+                if two_devs { Some(run_procs(&[Work::Device(0), Work::Device(1)], bytes, rep as u32)?) } else { None };
             let x = run_procs(&[Work::Cpu(cpu_passes)], bytes, rep as u32)?;
             let y = run_procs(&[Work::Cpu(cpu_passes), Work::Cpu(cpu_passes)], bytes, rep as u32)?;
             if rep >= self.warm {
@@ -994,7 +1049,10 @@ impl Bench {
         let r = t!(self.g.alloc(2 * half as u64));
         cpu_write(words(&r), seed);
         let base = r.addr;
-        let sims = [t!(Sim::open(devs[0]).map_err(libgmem::Errno::from)), t!(Sim::open(devs[1]).map_err(libgmem::Errno::from))];
+        let sims = [
+            t!(Sim::open(devs[0]).map_err(libgmem::Errno::from)),
+            t!(Sim::open(devs[1]).map_err(libgmem::Errno::from)),
+        ];
         let half_sum = |k: usize| -> R<()> {
             t!(sims[k].checksum(base + (k * half) as u64, half as u64));
             Ok(())
@@ -1069,7 +1127,11 @@ fn run_procs(work: &[Work], bytes: usize, seed: u32) -> R<f64> {
         let mut b = [0u8; 1];
         // SAFETY: one byte into a local buffer.
         let n = unsafe { libc::read(fd, b.as_mut_ptr().cast(), 1) };
-        if n == 1 { b[0] } else { b'x' }
+        if n == 1 {
+            b[0]
+        } else {
+            b'x'
+        }
     };
     let mut ok = true;
     for &(_, _, done) in &kids {

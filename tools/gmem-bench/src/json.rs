@@ -58,7 +58,8 @@ mod tests {
 
     #[test]
     fn builds_rounds_and_validates() {
-        let j = Json::obj().with("a", 1u64).with("b", 2.0f64 / 3.0).with("c", f64::NAN).with("d", "x\"y").with("a", 5u64);
+        let j =
+            Json::obj().with("a", 1u64).with("b", 2.0f64 / 3.0).with("c", f64::NAN).with("d", "x\"y").with("a", 5u64);
         assert_eq!(j.to_string(), r#"{"a":5,"b":0.666667,"c":null,"d":"x\"y"}"#);
         assert!(validate(&j.to_string()).is_ok());
         assert!(validate("{\"a\":1} x").is_err());

@@ -44,7 +44,11 @@ fn parse_args() -> Result<Args, String> {
             Some(("reps", n)) => a.reps = Some(n.parse().map_err(|_| format!("bad reps '{n}'"))?),
             Some(("only", l)) => a.only = Some(l.split('+').map(|s| s.to_ascii_uppercase()).collect()),
             None if w == "copyprobe" => a.mode = "copyprobe",
-            _ => return Err(format!("unknown argument '{w}' (usage: gmem-bench [--smoke|--quick|--full] [reps=N] [only=P1+P4])")),
+            _ => {
+                return Err(format!(
+                    "unknown argument '{w}' (usage: gmem-bench [--smoke|--quick|--full] [reps=N] [only=P1+P4])"
+                ))
+            }
         }
     }
     Ok(a)
@@ -62,7 +66,15 @@ fn uname() -> String {
 }
 
 /// One target row: `value op threshold`, met or not (null when not measured).
-fn target(id: &str, short: &str, what: &str, value: Option<f64>, op: &str, threshold: f64, anchor: Option<f64>) -> Json {
+fn target(
+    id: &str,
+    short: &str,
+    what: &str,
+    value: Option<f64>,
+    op: &str,
+    threshold: f64,
+    anchor: Option<f64>,
+) -> Json {
     let met = value.map(|v| if op == ">=" { v >= threshold } else { v <= threshold });
     Json::obj()
         .with("id", id)
@@ -98,7 +110,10 @@ fn main() {
         let n = 12 << 20;
         for style in [0u8, 4, 1, 2] {
             let v = benches::copy_probe(n, style, 30);
-            eprintln!("GMEM-BENCH copyprobe style {style}: {}", v.iter().map(|t| format!("{:.1}", t * 1e3)).collect::<Vec<_>>().join(" "));
+            eprintln!(
+                "GMEM-BENCH copyprobe style {style}: {}",
+                v.iter().map(|t| format!("{:.1}", t * 1e3)).collect::<Vec<_>>().join(" ")
+            );
         }
         return;
     }
@@ -216,7 +231,10 @@ fn run(b: &mut Bench, args: &Args, out: &mut Json, errors: &mut Vec<Json>) -> i3
     out.set(
         "uvm_anchor",
         Json::obj()
-            .with("source", "NVIDIA UVM on H200, fraction of cudaMemcpy bandwidth (reference figures given with the task)")
+            .with(
+                "source",
+                "NVIDIA UVM on H200, fraction of cudaMemcpy bandwidth (reference figures given with the task)",
+            )
             .with("h2d_fault", 0.19)
             .with("d2h_fault", 0.14)
             .with("explicit_prefetch", 0.90),
@@ -274,22 +292,150 @@ fn targets(out: &Json) -> Json {
     let p3 = num(out, &["p3", "ratio_dirty_vs_hmm_without_bounce"]);
     let p3_clean = num(out, &["p3", "ratio_vs_hmm_without_bounce"]);
     Json::Array(vec![
-        target("P1", "H2D device faults, default", "fault-driven H2D, density prefetch on (default) / copy baseline", num(out, &["p1", "on_demand_prefetch1", "ratio", "median"]), ">=", 0.6, Some(0.19)),
-        target("P1", "H2D device faults, prefetch=0", "fault-driven H2D, prefetch=0 / copy baseline", num(out, &["p1", "on_demand_prefetch0", "ratio", "median"]), ">=", 0.6, Some(0.19)),
-        target("P1", "H2D explicit PREFETCH", "explicit PREFETCH H2D / copy baseline", num(out, &["p1", "explicit_prefetch", "ratio", "median"]), ">=", 0.9, Some(0.90)),
-        target("P2", "D2H CPU faults", "CPU-fault-driven D2H / copy baseline", num(out, &["p2", "ratio", "median"]), ">=", 0.5, Some(0.14)),
-        target("P3", "GMEM/HMM, device writes", "GMEM / HMM per-page cost, to device + device writes + fault back", p3, "<=", 0.5, None),
-        target("P3", "GMEM/HMM, device reads", "same, device only reads (GMEM keeps the host copy: no copy back)", p3_clean, "<=", 0.5, None),
-        target("P4", "2x stream, default", "streaming slowdown at 2x oversubscription (preevict=1 prefetch=1)", p4_slowdown("preevict1_prefetch1", "stream"), "<=", 1.5, None),
-        target("P4", "2x stream, preevict/prefetch off", "streaming slowdown at 2x oversubscription (preevict=0 prefetch=0)", p4_slowdown("preevict0_prefetch0", "stream"), "<=", 1.5, None),
-        target("P4", "2x stream in 1 MiB launches, default", "same, kernels as 1 MiB launches (preevict=1 prefetch=1)", p4_slowdown("preevict1_prefetch1", "stream_chunked"), "<=", 1.5, None),
-        target("P4", "2x stream in 1 MiB launches, off", "same, kernels as 1 MiB launches (preevict=0 prefetch=0)", p4_slowdown("preevict0_prefetch0", "stream_chunked"), "<=", 1.5, None),
-        target("P7", "2 threads, one region, one device", "two threads faulting disjoint halves of one region on one device / one thread doing both", num(out, &["p7", "ratio_same_device"]), ">=", 1.7, None),
-        target("P7", "2 threads, one region, two devices", "the same, one device per thread", num(out, &["p7", "ratio_two_devices"]), ">=", 1.7, None),
-        target("Streaming", "copy calls per page, device faults", "driver copy calls per migrated page, P1 device-fault streaming (default)", num(out, &["p1", "on_demand_prefetch1", "copy_calls_per_page"]), "<=", 1.0 / 64.0, None),
-        target("Streaming", "TLB flushes per page, device faults", "device TLB flushes per migrated page, P1 device-fault streaming (default)", num(out, &["p1", "on_demand_prefetch1", "tlb_flushes_per_page"]), "<=", 1.0 / 64.0, None),
-        target("P5", "metadata per untouched page", "metadata bytes per page of an untouched region (1 TiB)", num(out, &["p5", "bytes_per_untouched_page"]), "<=", 1.0, None),
-        target("P5", "metadata per touched page", "metadata bytes per page of its touched part (16 MiB)", num(out, &["p5", "bytes_per_touched_page"]), "<=", 16.0, None),
+        target(
+            "P1",
+            "H2D device faults, default",
+            "fault-driven H2D, density prefetch on (default) / copy baseline",
+            num(out, &["p1", "on_demand_prefetch1", "ratio", "median"]),
+            ">=",
+            0.6,
+            Some(0.19),
+        ),
+        target(
+            "P1",
+            "H2D device faults, prefetch=0",
+            "fault-driven H2D, prefetch=0 / copy baseline",
+            num(out, &["p1", "on_demand_prefetch0", "ratio", "median"]),
+            ">=",
+            0.6,
+            Some(0.19),
+        ),
+        target(
+            "P1",
+            "H2D explicit PREFETCH",
+            "explicit PREFETCH H2D / copy baseline",
+            num(out, &["p1", "explicit_prefetch", "ratio", "median"]),
+            ">=",
+            0.9,
+            Some(0.90),
+        ),
+        target(
+            "P2",
+            "D2H CPU faults",
+            "CPU-fault-driven D2H / copy baseline",
+            num(out, &["p2", "ratio", "median"]),
+            ">=",
+            0.5,
+            Some(0.14),
+        ),
+        target(
+            "P3",
+            "GMEM/HMM, device writes",
+            "GMEM / HMM per-page cost, to device + device writes + fault back",
+            p3,
+            "<=",
+            0.5,
+            None,
+        ),
+        target(
+            "P3",
+            "GMEM/HMM, device reads",
+            "same, device only reads (GMEM keeps the host copy: no copy back)",
+            p3_clean,
+            "<=",
+            0.5,
+            None,
+        ),
+        target(
+            "P4",
+            "2x stream, default",
+            "streaming slowdown at 2x oversubscription (preevict=1 prefetch=1)",
+            p4_slowdown("preevict1_prefetch1", "stream"),
+            "<=",
+            1.5,
+            None,
+        ),
+        target(
+            "P4",
+            "2x stream, preevict/prefetch off",
+            "streaming slowdown at 2x oversubscription (preevict=0 prefetch=0)",
+            p4_slowdown("preevict0_prefetch0", "stream"),
+            "<=",
+            1.5,
+            None,
+        ),
+        target(
+            "P4",
+            "2x stream in 1 MiB launches, default",
+            "same, kernels as 1 MiB launches (preevict=1 prefetch=1)",
+            p4_slowdown("preevict1_prefetch1", "stream_chunked"),
+            "<=",
+            1.5,
+            None,
+        ),
+        target(
+            "P4",
+            "2x stream in 1 MiB launches, off",
+            "same, kernels as 1 MiB launches (preevict=0 prefetch=0)",
+            p4_slowdown("preevict0_prefetch0", "stream_chunked"),
+            "<=",
+            1.5,
+            None,
+        ),
+        target(
+            "P7",
+            "2 threads, one region, one device",
+            "two threads faulting disjoint halves of one region on one device / one thread doing both",
+            num(out, &["p7", "ratio_same_device"]),
+            ">=",
+            1.7,
+            None,
+        ),
+        target(
+            "P7",
+            "2 threads, one region, two devices",
+            "the same, one device per thread",
+            num(out, &["p7", "ratio_two_devices"]),
+            ">=",
+            1.7,
+            None,
+        ),
+        target(
+            "Streaming",
+            "copy calls per page, device faults",
+            "driver copy calls per migrated page, P1 device-fault streaming (default)",
+            num(out, &["p1", "on_demand_prefetch1", "copy_calls_per_page"]),
+            "<=",
+            1.0 / 64.0,
+            None,
+        ),
+        target(
+            "Streaming",
+            "TLB flushes per page, device faults",
+            "device TLB flushes per migrated page, P1 device-fault streaming (default)",
+            num(out, &["p1", "on_demand_prefetch1", "tlb_flushes_per_page"]),
+            "<=",
+            1.0 / 64.0,
+            None,
+        ),
+        target(
+            "P5",
+            "metadata per untouched page",
+            "metadata bytes per page of an untouched region (1 TiB)",
+            num(out, &["p5", "bytes_per_untouched_page"]),
+            "<=",
+            1.0,
+            None,
+        ),
+        target(
+            "P5",
+            "metadata per touched page",
+            "metadata bytes per page of its touched part (16 MiB)",
+            num(out, &["p5", "bytes_per_touched_page"]),
+            "<=",
+            16.0,
+            None,
+        ),
     ])
 }
 
@@ -297,7 +443,12 @@ fn targets(out: &Json) -> Json {
 fn cpu_copy_flags() -> String {
     let text = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let flags = text.lines().find(|l| l.starts_with("flags")).unwrap_or("");
-    ["erms", "fsrm", "avx2", "avx512f"].iter().filter(|f| flags.split_whitespace().any(|w| w == **f)).copied().collect::<Vec<_>>().join(" ")
+    ["erms", "fsrm", "avx2", "avx512f"]
+        .iter()
+        .filter(|f| flags.split_whitespace().any(|w| w == **f))
+        .copied()
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 fn sys_kernel() -> String {

@@ -59,9 +59,15 @@ pub fn defaults() -> &'static str {
         let line = control_settings();
         let words: Vec<&str> = line
             .split_whitespace()
-            .filter(|w| ["prefetch=", "prefetch_pct=", "preevict=", "peer=", "thrash="].iter().any(|k| w.starts_with(k)))
+            .filter(|w| {
+                ["prefetch=", "prefetch_pct=", "preevict=", "peer=", "thrash="].iter().any(|k| w.starts_with(k))
+            })
             .collect();
-        if words.len() == 5 { words.join(" ") } else { "prefetch=1 prefetch_pct=51 preevict=1 peer=1 thrash=1".to_string() }
+        if words.len() == 5 {
+            words.join(" ")
+        } else {
+            "prefetch=1 prefetch_pct=51 preevict=1 peer=1 thrash=1".to_string()
+        }
     })
 }
 
@@ -131,10 +137,7 @@ pub fn counters_json(c: &Counters) -> Json {
 pub fn own_space() -> (u64, u64) {
     let pid = std::process::id().to_string();
     let num = |m: &BTreeMap<String, String>, k: &str| m.get(k).and_then(|v| v.parse().ok()).unwrap_or(0);
-    spaces()
-        .iter()
-        .find(|m| m.get("pid") == Some(&pid))
-        .map_or((0, 0), |m| (num(m, "block_locks"), num(m, "cpu_zaps")))
+    spaces().iter().find(|m| m.get("pid") == Some(&pid)).map_or((0, 0), |m| (num(m, "block_locks"), num(m, "cpu_zaps")))
 }
 
 /// One line of `/sys/kernel/debug/gmem/spaces`, as `key -> value` (numbers kept as text).
@@ -159,7 +162,14 @@ impl Anon {
     pub fn new(len: usize, huge: bool) -> Result<Anon, String> {
         // SAFETY: a fresh anonymous mapping; we own it until drop.
         let p = unsafe {
-            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
         };
         if p == libc::MAP_FAILED {
             return Err(format!("mmap {len}: {}", std::io::Error::last_os_error()));
@@ -203,7 +213,8 @@ impl TmpFile {
     pub fn with(data: &[u8]) -> Result<TmpFile, String> {
         let path = std::ffi::CString::new(format!("/tmp/gmem-bench.{}", std::process::id())).unwrap();
         // SAFETY: NUL-terminated path; plain open/write/close of our own file.
-        let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC, 0o600) };
+        let fd =
+            unsafe { libc::open(path.as_ptr(), libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC, 0o600) };
         if fd < 0 {
             return Err(format!("open {path:?}: {}", std::io::Error::last_os_error()));
         }
@@ -224,7 +235,9 @@ impl TmpFile {
         let mut off = 0;
         while off < self.len.min(buf.len()) {
             // SAFETY: reads into `buf` within its length.
-            let n = unsafe { libc::pread(self.fd, buf[off..].as_mut_ptr().cast(), self.len.min(buf.len()) - off, off as i64) };
+            let n = unsafe {
+                libc::pread(self.fd, buf[off..].as_mut_ptr().cast(), self.len.min(buf.len()) - off, off as i64)
+            };
             if n <= 0 {
                 return Err(format!("pread tmp file: {}", std::io::Error::last_os_error()));
             }

@@ -82,7 +82,10 @@ fn run() -> Res<()> {
     let s0 = Sim::open(0).map_err(|e| format!("open /dev/gmem_sim0: {e}"))?;
     let s1 = Sim::open(1).map_err(|e| format!("open /dev/gmem_sim1: {e}"))?;
     let (d0, d1) = (ck(s0.info(), "sim0 INFO")?.gmem_id, ck(s1.info(), "sim1 INFO")?.gmem_id);
-    println!("GMEM demo: uapi v{}, {} devices; /dev/gmem_sim0 is device {d0}, /dev/gmem_sim1 is device {d1}", v.version, v.nr_devices);
+    println!(
+        "GMEM demo: uapi v{}, {} devices; /dev/gmem_sim0 is device {d0}, /dev/gmem_sim1 is device {d1}",
+        v.version, v.nr_devices
+    );
     ensure(d0 >= 0 && d1 >= 0 && d0 != d1, || format!("bad device ids {d0} {d1}"))?;
 
     let r = ck(g.alloc(SIZE), "ALLOC 4 MiB")?;
@@ -127,14 +130,31 @@ fn run() -> Res<()> {
 
     ck(r.advise(GMEM_ADV_PREFETCH, d1), "PREFETCH to device 1")?;
     let o = ck(s1.checksum(r.addr, len), "device 1 CHECKSUM")?;
-    let q = step(5, format!("PREFETCH to device {d1}; it checksums {:#x} {} CPU's with {} faults", o.result, eq(o.result, sum), o.faults), &r)?;
-    ensure(o.result == sum && o.faults == 0, || format!("after PREFETCH: checksum {:#x}, {} faults", o.result, o.faults))?;
+    let q = step(
+        5,
+        format!(
+            "PREFETCH to device {d1}; it checksums {:#x} {} CPU's with {} faults",
+            o.result,
+            eq(o.result, sum),
+            o.faults
+        ),
+        &r,
+    )?;
+    ensure(o.result == sum && o.faults == 0, || {
+        format!("after PREFETCH: checksum {:#x}, {} faults", o.result, o.faults)
+    })?;
     all_at(&q, GMEM_LOC_DEVICE, d1, "after PREFETCH")?;
 
     ck(r.advise(GMEM_ADV_READ_MOSTLY, GMEM_NO_DEVICE), "READ_MOSTLY")?;
     let o = ck(s0.checksum(r.addr, len), "device 0 CHECKSUM")?;
     let mut one = [0u32; 1];
-    let mut qa = GmemQuery { argsz: argsz::<GmemQuery>(), addr: r.addr, npages: 1, states: one.as_mut_ptr() as u64, ..Default::default() };
+    let mut qa = GmemQuery {
+        argsz: argsz::<GmemQuery>(),
+        addr: r.addr,
+        npages: 1,
+        states: one.as_mut_ptr() as u64,
+        ..Default::default()
+    };
     ck(g.ioctl(GMEM_IOC_QUERY, &mut qa), "QUERY page 0")?;
     let said = format!("READ_MOSTLY, then device {d0} reads: {:#x} {} CPU's; device {d1} keeps the data, read-only copies (page 0: device mask {:#x})", o.result, eq(o.result, sum), qa.dup_mask);
     let q = step(6, said, &r)?;
@@ -146,7 +166,15 @@ fn run() -> Res<()> {
     ck(s0.fill(r.addr, len, 1000), "device 0 FILL")?;
     let want = checksum(&(0..len as u32 / 4).map(|i| 1000 + i).collect::<Vec<u32>>());
     let o = ck(s0.checksum(r.addr, len), "device 0 CHECKSUM")?;
-    let q = step(7, format!("device {d0} writes (FILL 1000+i): the write drops the copies; checksum {:#x} {} expected", o.result, eq(o.result, want)), &r)?;
+    let q = step(
+        7,
+        format!(
+            "device {d0} writes (FILL 1000+i): the write drops the copies; checksum {:#x} {} expected",
+            o.result,
+            eq(o.result, want)
+        ),
+        &r,
+    )?;
     ensure(o.result == want, || "device 0 checksum after FILL differs".into())?;
     all_at(&q, GMEM_LOC_DEVICE, d0, "after device 0 write")?;
     ensure(q.iter().all(|w| w & GMEM_Q_DUP == 0), || "duplicates survived a write".into())?;
@@ -154,7 +182,13 @@ fn run() -> Res<()> {
     ck(r.advise(GMEM_ADV_PIN, d1), "PIN on device 1")?;
     let refused = r.advise(GMEM_ADV_DONTNEED, GMEM_NO_DEVICE);
     let o = ck(s1.checksum(r.addr, len), "device 1 CHECKSUM")?;
-    let said = format!("PIN on device {d1}: DONTNEED refused ({}), checksum {:#x} {} expected, {} faults", refused.map_or_else(|e| e.to_string(), |_| "accepted!".into()), o.result, eq(o.result, want), o.faults);
+    let said = format!(
+        "PIN on device {d1}: DONTNEED refused ({}), checksum {:#x} {} expected, {} faults",
+        refused.map_or_else(|e| e.to_string(), |_| "accepted!".into()),
+        o.result,
+        eq(o.result, want),
+        o.faults
+    );
     let q = step(8, said, &r)?;
     ensure(refused == Err(Errno(libc::EBUSY)), || format!("DONTNEED on pinned pages: {refused:?}"))?;
     ensure(o.result == want && o.faults == 0, || "pinned data or faults wrong".into())?;
@@ -168,13 +202,22 @@ fn run() -> Res<()> {
     let o = ck(s0.checksum(r.addr, len), "device 0 CHECKSUM")?;
     let zeros = checksum(&vec![0u32; r.len / 4]);
     let cpu_zero = with_words(&r, |w| w.iter().all(|&x| x == 0));
-    println!("9. UNPIN, DONTNEED discards the data (pages: {}); device {d0} checksum {:#x} {} that of zeros, CPU reads {}", summary(&q), o.result, eq(o.result, zeros), if cpu_zero { "zeros" } else { "NON-ZERO data" });
+    println!(
+        "9. UNPIN, DONTNEED discards the data (pages: {}); device {d0} checksum {:#x} {} that of zeros, CPU reads {}",
+        summary(&q),
+        o.result,
+        eq(o.result, zeros),
+        if cpu_zero { "zeros" } else { "NON-ZERO data" }
+    );
     ensure(o.result == zeros && cpu_zero, || "data survived DONTNEED".into())?;
 
     let addr = r.leak();
     ck(g.free_raw(addr), "FREE")?;
     let gone = g.query(addr, 1);
-    println!("10. free: QUERY of the address now says {}", gone.as_ref().map_or_else(|e| e.to_string(), |_| "it still exists!".into()));
+    println!(
+        "10. free: QUERY of the address now says {}",
+        gone.as_ref().map_or_else(|e| e.to_string(), |_| "it still exists!".into())
+    );
     ensure(gone == Err(Errno(libc::ENOENT)), || format!("QUERY after FREE: {gone:?}"))
 }
 

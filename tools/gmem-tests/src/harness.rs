@@ -166,7 +166,11 @@ pub fn child_exit(f: impl FnOnce() -> i32) -> i32 {
         }
         let mut status = 0;
         libc::waitpid(pid, &mut status, 0);
-        if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { 128 + libc::WTERMSIG(status) }
+        if libc::WIFEXITED(status) {
+            libc::WEXITSTATUS(status)
+        } else {
+            128 + libc::WTERMSIG(status)
+        }
     }
 }
 
@@ -196,7 +200,11 @@ pub fn all_at(states: &[u32], loc: u32, dev: u32) -> Result<(), String> {
 /// Runs a shell command in the guest (busybox); fails with the command in the message.
 pub fn sh(cmd: &str) -> Result<(), String> {
     let st = std::process::Command::new("/bin/sh").arg("-c").arg(cmd).status().map_err(|e| e.to_string())?;
-    if st.success() { Ok(()) } else { Err(format!("`{cmd}` failed: {st}")) }
+    if st.success() {
+        Ok(())
+    } else {
+        Err(format!("`{cmd}` failed: {st}"))
+    }
 }
 
 /// Installs `handler` (an `extern "C" fn` cast to usize; three-argument `SA_SIGINFO` form if
@@ -293,6 +301,9 @@ pub fn space_stat(pages: u64, key: &str) -> Result<u64, String> {
         .lines()
         .find(|l| l.contains(&format!(" pages={pages} ")))
         .ok_or(format!("no space with {pages} pages in:\n{text}"))?;
-    let v = line.split_whitespace().find_map(|w| w.strip_prefix(key)?.strip_prefix('=')).ok_or(format!("no {key} in {line}"))?;
+    let v = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
+        .ok_or(format!("no {key} in {line}"))?;
     v.parse().map_err(|e: std::num::ParseIntError| e.to_string())
 }

@@ -8,8 +8,8 @@
 mod harness;
 mod t_advise;
 mod t_bad;
-mod t_block;
 mod t_basic;
+mod t_block;
 mod t_conformance;
 mod t_contract;
 mod t_core;

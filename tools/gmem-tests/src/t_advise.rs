@@ -73,7 +73,12 @@ fn async_prefetch_and_wait() -> TestResult {
     let f = ok!(g.advise(r.addr + 10, 1, GMEM_ADV_PREFETCH, GMEM_HOST, GMEM_ADVF_ASYNC));
     ok!(g.wait(f));
     let q = ok!(r.query());
-    ensure!(q_loc(q[0]) == GMEM_LOC_HOST && q_loc(q[1]) == GMEM_LOC_DEVICE, "1-byte prefetch moved {:#x} {:#x}", q[0], q[1]);
+    ensure!(
+        q_loc(q[0]) == GMEM_LOC_HOST && q_loc(q[1]) == GMEM_LOC_DEVICE,
+        "1-byte prefetch moved {:#x} {:#x}",
+        q[0],
+        q[1]
+    );
     // Fences left unwaited are completed at close (no hang, no leak).
     ok!(g.advise(r.addr, r.len as u64, GMEM_ADV_PREFETCH, GMEM_HOST, GMEM_ADVF_ASYNC));
     Ok(())
@@ -178,7 +183,7 @@ fn dontneed_reads_zeros_with_inward_rounding() -> TestResult {
     let r = ok!(g.alloc(64 * 1024));
     pattern(&r, 7);
     ok!(s.fill(r.addr, 8 * 4096, 1)); // half the pages on the device
-    // [100, 3*4096+100): only pages 1 and 2 are wholly inside.
+                                      // [100, 3*4096+100): only pages 1 and 2 are wholly inside.
     ok!(g.advise(r.addr + 100, 3 * 4096, GMEM_ADV_DONTNEED, GMEM_NO_DEVICE, 0));
     let q = ok!(r.query());
     ensure!(q_loc(q[0]) != GMEM_LOC_NONE && q_loc(q[3]) != GMEM_LOC_NONE, "partial pages discarded");

@@ -17,9 +17,16 @@ fn alloc_bad_arguments() -> TestResult {
     expect_errno!(g.alloc_raw(u64::MAX - 4095, GMEM_NO_DEVICE), libc::E2BIG);
     expect_errno!(g.alloc_raw(4096, 15), libc::ENODEV);
     expect_errno!(g.alloc_raw(4096, -7), libc::EINVAL);
-    let mut a = GmemAlloc { argsz: argsz::<GmemAlloc>(), size: 4096, flags: 1, preferred_dev: -1, ..Default::default() };
+    let mut a =
+        GmemAlloc { argsz: argsz::<GmemAlloc>(), size: 4096, flags: 1, preferred_dev: -1, ..Default::default() };
     expect_errno!(g.ioctl(GMEM_IOC_ALLOC, &mut a), libc::EINVAL);
-    let mut a = GmemAlloc { argsz: argsz::<GmemAlloc>(), size: 4096, preferred_dev: -1, reserved: [0, 1], ..Default::default() };
+    let mut a = GmemAlloc {
+        argsz: argsz::<GmemAlloc>(),
+        size: 4096,
+        preferred_dev: -1,
+        reserved: [0, 1],
+        ..Default::default()
+    };
     expect_errno!(g.ioctl(GMEM_IOC_ALLOC, &mut a), libc::EINVAL);
     let mut a = GmemAlloc { argsz: 8, size: 4096, preferred_dev: -1, ..Default::default() };
     expect_errno!(g.ioctl(GMEM_IOC_ALLOC, &mut a), libc::EINVAL);
@@ -84,7 +91,8 @@ fn query_bad_arguments() -> TestResult {
     expect_errno!(g.query(r.addr, 17), libc::EINVAL);
     expect_errno!(g.query(r.addr + 15 * 4096, 2), libc::EINVAL);
     expect_errno!(g.query(0x1000, 1), libc::ENOENT);
-    let mut q = GmemQuery { argsz: argsz::<GmemQuery>(), addr: r.addr, npages: GMEM_QUERY_MAX + 1, ..Default::default() };
+    let mut q =
+        GmemQuery { argsz: argsz::<GmemQuery>(), addr: r.addr, npages: GMEM_QUERY_MAX + 1, ..Default::default() };
     expect_errno!(g.ioctl(GMEM_IOC_QUERY, &mut q), libc::E2BIG);
     let mut q = GmemQuery { argsz: argsz::<GmemQuery>(), addr: r.addr, npages: 4, states: 16, ..Default::default() };
     expect_errno!(g.ioctl(GMEM_IOC_QUERY, &mut q), libc::EFAULT);

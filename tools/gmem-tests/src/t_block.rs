@@ -148,7 +148,10 @@ fn fault_around_edges_pinned_and_duplicated() -> TestResult {
     for (p, &q) in st.iter().enumerate() {
         let p = p as u64;
         if pinned.contains(&p) {
-            ensure!(q_loc(q) == GMEM_LOC_DEVICE && q_dev(q) == 0 && q & GMEM_Q_PINNED != 0, "pinned page {p} moved: {q:#x}");
+            ensure!(
+                q_loc(q) == GMEM_LOC_DEVICE && q_dev(q) == 0 && q & GMEM_Q_PINNED != 0,
+                "pinned page {p} moved: {q:#x}"
+            );
         } else {
             ensure!(q_loc(q) == GMEM_LOC_HOST, "page {p} not home after the CPU read it: {q:#x}");
         }
@@ -194,7 +197,12 @@ fn concurrent_faults_on_one_region() -> TestResult {
             let v = 7000 * (round + 1) + t as u32;
             let first = (t * half / 4) as usize;
             for k in 0..(half / 4) as usize {
-                ensure!(w[first + k] == v.wrapping_add(k as u32), "round {round}: word {} is {:#x}", first + k, w[first + k]);
+                ensure!(
+                    w[first + k] == v.wrapping_add(k as u32),
+                    "round {round}: word {} is {:#x}",
+                    first + k,
+                    w[first + k]
+                );
             }
         }
     }
@@ -213,14 +221,19 @@ fn two_mib_mapping_splits_when_a_page_leaves() -> TestResult {
     let pages = (BLOCK / 4096) as usize;
     let sum = pattern(&mut words(&r)[first..first + nw], 21);
     let i0 = ok!(s.info());
-    let delta = |i: &libgmem::sim::SimInfo| (i.ptes_2m.wrapping_sub(i0.ptes_2m) as i64, i.ptes.wrapping_sub(i0.ptes) as i64);
+    let delta =
+        |i: &libgmem::sim::SimInfo| (i.ptes_2m.wrapping_sub(i0.ptes_2m) as i64, i.ptes.wrapping_sub(i0.ptes) as i64);
 
     // Host -> device in one batch: one 2 MiB entry, no 4 KiB ones; the device reads it
     // without a fault.
     ok!(g.advise(a, BLOCK, GMEM_ADV_PREFETCH, 0, 0));
     all_at(&ok!(g.query(a, pages)), GMEM_LOC_DEVICE, 0)?;
     let i1 = ok!(s.info());
-    ensure!(delta(&i1) == (1, 0), "after a whole-block prefetch: (2 MiB, 4 KiB) entries {:?}, expected (1, 0)", delta(&i1));
+    ensure!(
+        delta(&i1) == (1, 0),
+        "after a whole-block prefetch: (2 MiB, 4 KiB) entries {:?}, expected (1, 0)",
+        delta(&i1)
+    );
     let o = ok!(s.checksum(a, BLOCK));
     ensure!(o.result == sum && o.faults == 0, "device read {:#x} (want {sum:#x}) with {} faults", o.result, o.faults);
 

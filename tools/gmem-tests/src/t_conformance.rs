@@ -227,7 +227,11 @@ fn overcommit(d: &Driver) -> TestResult {
     ok!(dev.fill(r.addr, len, 90));
     let expect: Vec<u32> = (0..r.len / 4).map(|i| 90u32.wrapping_add(i as u32)).collect();
     let got = ok!(dev.checksum(r.addr, len)).result;
-    ensure!(got == checksum(&expect), "device read back {got:#x} over 2x its memory, expected {:#x}", checksum(&expect));
+    ensure!(
+        got == checksum(&expect),
+        "device read back {got:#x} over 2x its memory, expected {:#x}",
+        checksum(&expect)
+    );
     let w = words(&r);
     let bad = w.iter().zip(&expect).filter(|(x, y)| x != y).count();
     ensure!(bad == 0, "{bad} words wrong on the CPU after overcommit");
@@ -267,7 +271,8 @@ fn fault_batch(d: &Driver) -> TestResult {
     // Every page named is on the device now (others may have come along, as prefetch).
     let q = ok!(r.query());
     let id = ok!(dev.gmem_id());
-    let named_on_dev = (0..300).map(|k| (k * 5) % pages).filter(|&p| q_loc(q[p]) == GMEM_LOC_DEVICE && q_dev(q[p]) == id).count();
+    let named_on_dev =
+        (0..300).map(|k| (k * 5) % pages).filter(|&p| q_loc(q[p]) == GMEM_LOC_DEVICE && q_dev(q[p]) == id).count();
     ensure!(named_on_dev == 300, "{named_on_dev} of the 300 named pages are on the device");
     Ok(())
 }

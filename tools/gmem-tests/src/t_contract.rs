@@ -24,7 +24,11 @@ fn readonly_fd_maps_read_only_shared() -> TestResult {
     let len = 16 * 4096;
     // SAFETY: a new shared mapping of our own fd; unmapped below.
     let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, fd, 0) };
-    ensure!(p != libc::MAP_FAILED, "mmap(PROT_READ, MAP_SHARED) of an O_RDONLY fd failed: {}", std::io::Error::last_os_error());
+    ensure!(
+        p != libc::MAP_FAILED,
+        "mmap(PROT_READ, MAP_SHARED) of an O_RDONLY fd failed: {}",
+        std::io::Error::last_os_error()
+    );
     let addr = p as u64;
     // The device writes it; the CPU reads what the device wrote, and cannot write.
     ok!(s.fill(addr, len as u64, 40));
@@ -66,7 +70,12 @@ fn pin_whose_argument_lies_in_the_pinned_range() -> TestResult {
     ok!(r.advise(GMEM_ADV_UNPIN, GMEM_NO_DEVICE));
     // SAFETY: the page is home again after the CPU touches it (unpinned).
     let back = unsafe { arg.read() };
-    ensure!(back.fence == 0 && back.advice == GMEM_ADV_PIN, "argument struct after PIN: fence {} advice {}", back.fence, back.advice);
+    ensure!(
+        back.fence == 0 && back.advice == GMEM_ADV_PIN,
+        "argument struct after PIN: fence {} advice {}",
+        back.fence,
+        back.advice
+    );
     Ok(())
 }
 

@@ -159,7 +159,9 @@ fn mmap_contract() -> TestResult {
     let (g, s) = open()?;
     // A plain shared mmap of the fd at offset 0 is an allocation with default advice.
     // SAFETY: mapping /dev/gmem as documented.
-    let p = unsafe { libc::mmap(std::ptr::null_mut(), 65536, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, g.fd(), 0) };
+    let p = unsafe {
+        libc::mmap(std::ptr::null_mut(), 65536, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, g.fd(), 0)
+    };
     ensure!(p != libc::MAP_FAILED, "mmap of /dev/gmem failed");
     ok!(s.fill(p as u64, 65536, 3));
     // SAFETY: the mapping is 64 KiB.

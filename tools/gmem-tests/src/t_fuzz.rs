@@ -26,7 +26,9 @@
 
 use crate::harness::{Test, TestResult};
 use crate::{ensure, ok};
-use libgmem::sim::{SimInfo, SimLaunch, GMEM_SIM_IOC_INFO, GMEM_SIM_IOC_LAUNCH, K_AXPY, K_CHECKSUM, K_COPY, K_FILL, K_TOUCH};
+use libgmem::sim::{
+    SimInfo, SimLaunch, GMEM_SIM_IOC_INFO, GMEM_SIM_IOC_LAUNCH, K_AXPY, K_CHECKSUM, K_COPY, K_FILL, K_TOUCH,
+};
 use libgmem::*;
 use std::fmt::Write as _;
 use std::result::Result;
@@ -85,7 +87,8 @@ const C_EXIT: usize = 12;
 const C_ALLOC_HUGE: usize = 13;
 /// Milliseconds spent in each kind of step (to see where the time goes).
 const C_MS: usize = 16;
-const MS_KINDS: [&str; 13] = ["alloc", "free", "advise", "wait", "query", "ver", "launch", "info", "mmap", "cpu", "verify", "fork", "reopen"];
+const MS_KINDS: [&str; 13] =
+    ["alloc", "free", "advise", "wait", "query", "ver", "launch", "info", "mmap", "cpu", "verify", "fork", "reopen"];
 const NCOUNTERS: usize = C_MS + MS_KINDS.len();
 const COUNTER_NAMES: [(usize, &str); 14] = [
     (C_CALLS, "calls"),
@@ -138,11 +141,19 @@ impl Rng {
     }
     /// Uniform in `0..n` (0 if n == 0).
     fn below(&self, n: u64) -> u64 {
-        if n == 0 { 0 } else { self.next() % n }
+        if n == 0 {
+            0
+        } else {
+            self.next() % n
+        }
     }
     /// Uniform in `lo..=hi`.
     fn range(&self, lo: u64, hi: u64) -> u64 {
-        if hi <= lo { lo } else { lo + self.below(hi - lo + 1) }
+        if hi <= lo {
+            lo
+        } else {
+            lo + self.below(hi - lo + 1)
+        }
     }
     fn chance(&self, pct: u64) -> bool {
         self.below(100) < pct
@@ -171,7 +182,11 @@ struct Expect {
 }
 
 fn bit(e: i32) -> u128 {
-    if (0..128).contains(&e) { 1u128 << e } else { 0 }
+    if (0..128).contains(&e) {
+        1u128 << e
+    } else {
+        0
+    }
 }
 
 impl Expect {
@@ -264,15 +279,15 @@ const HOSTILE: [u64; 16] = [
     0xfff,
     0x1000,
     0x2004,
-    0x0000_8000_0000_0000,          // first non-canonical
+    0x0000_8000_0000_0000, // first non-canonical
     0x0000_8000_0000_1000,
-    0xffff_8880_0000_0000,          // direct map
-    0xffff_ffff_8100_0000,          // kernel text
-    0xffff_ffff_ff60_0000,          // vsyscall page
-    0xffff_ffff_fff0_0000,          // last MiB
+    0xffff_8880_0000_0000, // direct map
+    0xffff_ffff_8100_0000, // kernel text
+    0xffff_ffff_ff60_0000, // vsyscall page
+    0xffff_ffff_fff0_0000, // last MiB
     0xffff_ffff_ffff_0000,
     0xffff_ffff_ffff_e000,
-    0xffff_ffff_ffff_f000,          // last page
+    0xffff_ffff_ffff_f000, // last page
     0xffff_ffff_ffff_fee4,
 ];
 
@@ -352,7 +367,11 @@ impl Proc<'_> {
 
     fn any_published(&self, rng: &Rng) -> Option<(u64, u64)> {
         let p = self.published.lock().ok()?;
-        if p.is_empty() { None } else { Some(p[rng.below(p.len() as u64) as usize]) }
+        if p.is_empty() {
+            None
+        } else {
+            Some(p[rng.below(p.len() as u64) as usize])
+        }
     }
 }
 
@@ -518,7 +537,14 @@ impl<'p, 's> Worker<'p, 's> {
             argreg,
             ro_page,
             memfd,
-            v: Verify { addr: verify, words, model: vec![0; words], known: true, pinned: false, hist: Default::default() },
+            v: Verify {
+                addr: verify,
+                words,
+                model: vec![0; words],
+                known: true,
+                pinned: false,
+                hist: Default::default(),
+            },
         })
     }
 
@@ -585,7 +611,11 @@ impl<'p, 's> Worker<'p, 's> {
             ArgAt::ReadOnly => {
                 // SAFETY: our own anonymous page, made writable for the copy only.
                 unsafe {
-                    libc::mprotect(self.ro_page as *mut libc::c_void, PAGE as usize, libc::PROT_READ | libc::PROT_WRITE);
+                    libc::mprotect(
+                        self.ro_page as *mut libc::c_void,
+                        PAGE as usize,
+                        libc::PROT_READ | libc::PROT_WRITE,
+                    );
                     std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.ro_page as *mut u8, bytes.len());
                     libc::mprotect(self.ro_page as *mut libc::c_void, PAGE as usize, libc::PROT_READ);
                 }
@@ -630,7 +660,11 @@ impl<'p, 's> Worker<'p, 's> {
             ArgAt::Gmem(_) => e,
             ArgAt::ReadOnly => {
                 let e = e.or(&[libc::EFAULT]);
-                if writes_back { Expect { ok: false, ..e } } else { e }
+                if writes_back {
+                    Expect { ok: false, ..e }
+                } else {
+                    e
+                }
             }
             ArgAt::Bad(_) => Expect::only(libc::EFAULT),
         }
@@ -696,9 +730,13 @@ impl<'p, 's> Worker<'p, 's> {
             87..=88 => self.rng.log(1 << 30, 16 << 30) & !(PAGE - 1),
             89 if self.rng.chance(25) => self.rng.log(16 << 30, 64 << 30) & !(PAGE - 1),
             89 => self.rng.log(8 << 20, 1 << 30) & !(PAGE - 1),
-            90..=93 if HUGE_SIZES => {
-                self.rng.pick(&[64 << 30, 256 << 30, GMEM_MAX_ALLOC - PAGE, GMEM_MAX_ALLOC, self.rng.log(64 << 30, GMEM_MAX_ALLOC) & !(PAGE - 1)])
-            }
+            90..=93 if HUGE_SIZES => self.rng.pick(&[
+                64 << 30,
+                256 << 30,
+                GMEM_MAX_ALLOC - PAGE,
+                GMEM_MAX_ALLOC,
+                self.rng.log(64 << 30, GMEM_MAX_ALLOC) & !(PAGE - 1),
+            ]),
             _ => self.rng.pick(&[
                 0,
                 2,
@@ -788,7 +826,11 @@ impl<'p, 's> Worker<'p, 's> {
             return Expect::errs(&errs);
         }
         // Metadata and address space: large sizes may legitimately not fit.
-        if a.size > 256 << 20 { Expect::ok_or(&[libc::ENOMEM]) } else { Expect::ok_or(&[]) }
+        if a.size > 256 << 20 {
+            Expect::ok_or(&[libc::ENOMEM])
+        } else {
+            Expect::ok_or(&[])
+        }
     }
 
     /// Sometimes breaks argsz, flags or a reserved word; returns whether it did.
@@ -797,7 +839,10 @@ impl<'p, 's> Worker<'p, 's> {
             return false;
         }
         match self.rng.below(4) {
-            0 => *argsz = self.rng.pick(&[0, 1, 8, *argsz - 1, *argsz + 1, *argsz + 8, u32::MAX, self.rng.next() as u32 | 1]),
+            0 => {
+                *argsz =
+                    self.rng.pick(&[0, 1, 8, *argsz - 1, *argsz + 1, *argsz + 8, u32::MAX, self.rng.next() as u32 | 1])
+            }
             1 => *flags |= 1 << self.rng.below(32) | 1,
             2 => *r0 = self.rng.next() as u32 | 1,
             _ => res[self.rng.below(2) as usize] = self.rng.next() | 1,
@@ -812,9 +857,7 @@ impl<'p, 's> Worker<'p, 's> {
                 None => return,
             },
             6..=7 => match self.pick_region() {
-                Some(r) if r.len > PAGE => {
-                    (r.addr + self.rng.range(1, r.len - 1), Expect::only(libc::EINVAL), None)
-                }
+                Some(r) if r.len > PAGE => (r.addr + self.rng.range(1, r.len - 1), Expect::only(libc::EINVAL), None),
                 _ => return,
             },
             _ => (hostile(&self.rng), Expect::only(libc::ENOENT), None),
@@ -831,7 +874,11 @@ impl<'p, 's> Worker<'p, 's> {
         let (r, _) = self.call(fd, GMEM_IOC_FREE, &f, at);
         self.p.shared.add(C_GMEM, 1);
         let maps = if e.allows(r) { String::new() } else { vma_at(addr) };
-        self.judge(&|| format!("FREE addr={addr:#x} mutated={mutated} own={:?} vma: {maps}", own.map(|r| (r.addr, r.len))), r, e);
+        self.judge(
+            &|| format!("FREE addr={addr:#x} mutated={mutated} own={:?} vma: {maps}", own.map(|r| (r.addr, r.len))),
+            r,
+            e,
+        );
         if r.is_ok() {
             if let Some(reg) = own {
                 self.drop_region(reg.addr);
@@ -842,7 +889,11 @@ impl<'p, 's> Worker<'p, 's> {
     fn takes_dev(advice: u32) -> bool {
         matches!(
             advice,
-            GMEM_ADV_PREFETCH | GMEM_ADV_PREFERRED_LOC | GMEM_ADV_ACCESSED_BY | GMEM_ADV_UNSET_ACCESSED_BY | GMEM_ADV_PIN
+            GMEM_ADV_PREFETCH
+                | GMEM_ADV_PREFERRED_LOC
+                | GMEM_ADV_ACCESSED_BY
+                | GMEM_ADV_UNSET_ACCESSED_BY
+                | GMEM_ADV_PIN
         )
     }
 
@@ -876,7 +927,11 @@ impl<'p, 's> Worker<'p, 's> {
         let r = unsafe { libc::ioctl(fd, GMEM_IOC_ADVISE as _, &mut b as *mut GmemAdvise) };
         self.p.shared.add(C_CALLS, 1);
         self.p.shared.add(C_GMEM, 1);
-        if r < 0 { Err(errno()) } else { Ok(b.fence as i64) }
+        if r < 0 {
+            Err(errno())
+        } else {
+            Ok(b.fence as i64)
+        }
     }
 
     fn op_advise(&mut self) {
@@ -964,7 +1019,13 @@ impl<'p, 's> Worker<'p, 's> {
         let (r, out) = self.call(fd, GMEM_IOC_ADVISE, &a, at);
         self.p.shared.add(C_GMEM, 1);
         let good = self.judge(
-            &|| format!("ADVISE advice={advice} addr={addr:#x} len={len:#x} dev={dev} flags={:#x} kind={kind} at={}", a.flags, at_name(at)),
+            &|| {
+                format!(
+                    "ADVISE advice={advice} addr={addr:#x} len={len:#x} dev={dev} flags={:#x} kind={kind} at={}",
+                    a.flags,
+                    at_name(at)
+                )
+            },
             r,
             e,
         );
@@ -1043,7 +1104,9 @@ impl<'p, 's> Worker<'p, 's> {
                 (self.fences.swap_remove(i), Expect::ok_or(&FENCE_ERRS), true)
             }
             0..=6 if !self.waited.is_empty() => (self.rng.pick(&self.waited), Expect::only(libc::ENOENT), false),
-            7 => (self.rng.pick(&[0, u64::MAX, 1 << 40, self.rng.next() | (1 << 62)]), Expect::only(libc::ENOENT), false),
+            7 => {
+                (self.rng.pick(&[0, u64::MAX, 1 << 40, self.rng.next() | (1 << 62)]), Expect::only(libc::ENOENT), false)
+            }
             _ => {
                 // A small id: may be an outstanding fence (of ours, or a hidden one).
                 let id = self.rng.range(1, self.last_fence + 4);
@@ -1162,7 +1225,8 @@ impl<'p, 's> Worker<'p, 's> {
         let fd = self.gfd();
         let (r, out) = self.call(fd, GMEM_IOC_QUERY, &q, at);
         self.p.shared.add(C_GMEM, 1);
-        if !self.judge(&|| format!("QUERY addr={addr:#x} npages={npages:#x} states={st_name} mutated={mutated}"), r, e) {
+        if !self.judge(&|| format!("QUERY addr={addr:#x} npages={npages:#x} states={st_name} mutated={mutated}"), r, e)
+        {
             return;
         }
         if r.is_ok() && st_name == "scratch" && matches!(at, ArgAt::Buf(_) | ArgAt::Gmem(_)) {
@@ -1170,7 +1234,9 @@ impl<'p, 's> Worker<'p, 's> {
             let mut bad = None;
             for i in 0..npages as usize {
                 // SAFETY: inside the scratch buffer (checked above), written by the kernel.
-                let w = unsafe { std::ptr::read_unaligned((self.scratch.as_ptr() as *const u8).add(off + 4 * i).cast::<u32>()) };
+                let w = unsafe {
+                    std::ptr::read_unaligned((self.scratch.as_ptr() as *const u8).add(off + 4 * i).cast::<u32>())
+                };
                 if !state_word_sane(w) {
                     bad = Some((i, w));
                     break;
@@ -1379,7 +1445,13 @@ impl<'p, 's> Worker<'p, 's> {
             &|| {
                 format!(
                     "LAUNCH sim{d} kernel={} flags={:#x} a={:#x} b={:#x} len={:#x} count={:#x} kind={kind} at={}",
-                    l.kernel, l.flags, l.a, l.b, l.len, l.count, at_name(at)
+                    l.kernel,
+                    l.flags,
+                    l.a,
+                    l.b,
+                    l.len,
+                    l.count,
+                    at_name(at)
                 )
             },
             r,
@@ -1394,14 +1466,7 @@ impl<'p, 's> Worker<'p, 's> {
         let two = matches!(l.kernel, K_COPY | K_AXPY);
         let known = (K_FILL..=K_TOUCH).contains(&l.kernel);
         let flags_ok = l.flags & !libgmem::sim::F_WRITE == 0 && (l.flags == 0 || l.kernel == K_TOUCH);
-        if mutated
-            || !known
-            || !flags_ok
-            || l.len == 0
-            || l.len % 4 != 0
-            || l.a % 4 != 0
-            || (two && l.b % 4 != 0)
-        {
+        if mutated || !known || !flags_ok || l.len == 0 || l.len % 4 != 0 || l.a % 4 != 0 || (two && l.b % 4 != 0) {
             return Expect::only(libc::EINVAL);
         }
         let fits = |s: u64| s.checked_add(l.len).and_then(|e| e.checked_add(PAGE - 1)).is_some();
@@ -1414,7 +1479,11 @@ impl<'p, 's> Worker<'p, 's> {
         match kind {
             0 => {
                 let e = Expect::ok_or(&[libc::ENOMEM, libc::EIO]);
-                if pinned { e.or(&[libc::EBUSY]) } else { e }
+                if pinned {
+                    e.or(&[libc::EBUSY])
+                } else {
+                    e
+                }
             }
             // The source (or the only range) comes first: nothing is mapped there.
             3 => Expect::only(libc::EFAULT),
@@ -1521,7 +1590,8 @@ impl<'p, 's> Worker<'p, 's> {
         // SAFETY: a new mapping at an address of the kernel's choice (no MAP_FIXED).
         let m = unsafe { libc::mmap(std::ptr::null_mut(), len as usize, prot, flags, fd, off) };
         let r = if m == libc::MAP_FAILED { Err(errno()) } else { Ok(m as i64) };
-        let good = self.judge(&|| format!("mmap len={len:#x} prot={prot:#x} flags={flags:#x} off={off:#x} fd={fdname}"), r, e);
+        let good =
+            self.judge(&|| format!("mmap len={len:#x} prot={prot:#x} flags={flags:#x} off={off:#x} fd={fdname}"), r, e);
         if let Ok(addr) = r {
             let rl = rounded.unwrap_or(0);
             if good {
@@ -1560,7 +1630,18 @@ impl<'p, 's> Worker<'p, 's> {
         // SAFETY: MAP_FIXED only over a GMEM region of this thread.
         let m = unsafe { libc::mmap(addr as *mut libc::c_void, len as usize, prot, flags, self.gfd(), 0) };
         let res = if m == libc::MAP_FAILED { Err(errno()) } else { Ok(m as i64) };
-        let good = self.judge(&|| format!("mmap MAP_FIXED{} over {addr:#x}+{len:#x} of region {:#x}+{:#x}", if noreplace { "_NOREPLACE" } else { "" }, r.addr, r.len), res, e);
+        let good = self.judge(
+            &|| {
+                format!(
+                    "mmap MAP_FIXED{} over {addr:#x}+{len:#x} of region {:#x}+{:#x}",
+                    if noreplace { "_NOREPLACE" } else { "" },
+                    r.addr,
+                    r.len
+                )
+            },
+            res,
+            e,
+        );
         match res {
             Ok(_) if good => {
                 // The old region is gone; a new one took its place.
@@ -1586,7 +1667,13 @@ impl<'p, 's> Worker<'p, 's> {
 
     fn region_alive(&mut self, addr: u64) -> bool {
         let mut st = [0u32; 1];
-        let mut q = GmemQuery { argsz: argsz::<GmemQuery>(), addr, npages: 1, states: st.as_mut_ptr() as u64, ..Default::default() };
+        let mut q = GmemQuery {
+            argsz: argsz::<GmemQuery>(),
+            addr,
+            npages: 1,
+            states: st.as_mut_ptr() as u64,
+            ..Default::default()
+        };
         // SAFETY: QUERY of one page into our one-word buffer.
         unsafe { libc::ioctl(self.gfd(), GMEM_IOC_QUERY as _, &mut q as *mut GmemQuery) == 0 }
     }
@@ -1671,7 +1758,11 @@ impl<'p, 's> Worker<'p, 's> {
         // SAFETY: only a GMEM region of this thread.
         let m = unsafe { libc::mprotect(addr as *mut libc::c_void, len as usize, prot) };
         let res = if m != 0 { Err(errno()) } else { Ok(0) };
-        self.judge(&|| format!("mprotect {addr:#x}+{len:#x} prot={prot:#x} of region {:#x}+{:#x}", r.addr, r.len), res, e);
+        self.judge(
+            &|| format!("mprotect {addr:#x}+{len:#x} prot={prot:#x} of region {:#x}+{:#x}", r.addr, r.len),
+            res,
+            e,
+        );
         if res.is_ok() {
             if whole {
                 let mut r2 = r;
@@ -1787,7 +1878,19 @@ impl<'p, 's> Worker<'p, 's> {
         } else {
             Expect::ok_or(&[])
         };
-        self.judge(&|| format!("{} {len:#x} bytes at {:#x} (region prot {:#x}, pinned {})", if to_region { "pread into" } else { "pwrite from" }, r.addr + off, r.prot, r.pinned), res, e);
+        self.judge(
+            &|| {
+                format!(
+                    "{} {len:#x} bytes at {:#x} (region prot {:#x}, pinned {})",
+                    if to_region { "pread into" } else { "pwrite from" },
+                    r.addr + off,
+                    r.prot,
+                    r.pinned
+                )
+            },
+            res,
+            e,
+        );
     }
 
     // ---- fork, close/reopen --------------------------------------------------------------
@@ -1886,14 +1989,40 @@ impl<'p, 's> Worker<'p, 's> {
     // ---- the private, verified region ------------------------------------------------------
 
     #[allow(clippy::too_many_arguments)]
-    fn sim_launch(&mut self, d: usize, kernel: u32, flags: u32, value: u32, a: u64, b: u64, len: u64, seed: u64, count: u64) -> Result<SimLaunch, i32> {
+    fn sim_launch(
+        &mut self,
+        d: usize,
+        kernel: u32,
+        flags: u32,
+        value: u32,
+        a: u64,
+        b: u64,
+        len: u64,
+        seed: u64,
+        count: u64,
+    ) -> Result<SimLaunch, i32> {
         let fd = self.sims[d].as_ref().map_or(-1, std::os::fd::AsRawFd::as_raw_fd);
-        let mut l = SimLaunch { argsz: argsz::<SimLaunch>(), kernel, flags, value, a, b, len, seed, count, ..Default::default() };
+        let mut l = SimLaunch {
+            argsz: argsz::<SimLaunch>(),
+            kernel,
+            flags,
+            value,
+            a,
+            b,
+            len,
+            seed,
+            count,
+            ..Default::default()
+        };
         // SAFETY: LAUNCH with its argument struct on our stack.
         let r = unsafe { libc::ioctl(fd, GMEM_SIM_IOC_LAUNCH as _, &mut l as *mut SimLaunch) };
         self.p.shared.add(C_CALLS, 1);
         self.p.shared.add(C_SIM, 1);
-        if r < 0 { Err(errno()) } else { Ok(l) }
+        if r < 0 {
+            Err(errno())
+        } else {
+            Ok(l)
+        }
     }
 
     /// A word range `[w0, w0 + n)` of the verified region.
@@ -1962,13 +2091,23 @@ impl<'p, 's> Worker<'p, 's> {
             4 => {
                 let target = self.rng.pick(&[GMEM_HOST, 0, 1]);
                 let asy = self.rng.chance(40);
-                let r = self.advise_raw(self.vaddr(w0), 4 * n as u64, GMEM_ADV_PREFETCH, target, if asy { GMEM_ADVF_ASYNC } else { 0 });
+                let r = self.advise_raw(
+                    self.vaddr(w0),
+                    4 * n as u64,
+                    GMEM_ADV_PREFETCH,
+                    target,
+                    if asy { GMEM_ADVF_ASYNC } else { 0 },
+                );
                 let r = match r {
                     Ok(fence) if asy => {
                         let mut w = GmemWait { argsz: argsz::<GmemWait>(), fence: fence as u64, ..Default::default() };
                         // SAFETY: WAIT with its argument struct on our stack.
                         let x = unsafe { libc::ioctl(self.gfd(), GMEM_IOC_WAIT as _, &mut w as *mut GmemWait) };
-                        if x < 0 { Err(errno()) } else { Ok(0) }
+                        if x < 0 {
+                            Err(errno())
+                        } else {
+                            Ok(0)
+                        }
                     }
                     r => r,
                 };
@@ -2085,7 +2224,10 @@ impl<'p, 's> Worker<'p, 's> {
                             self.v.model[w] = self.v.model[w].wrapping_add(1);
                         }
                         if l.result != sum {
-                            self.fail(format!("verify: TOUCH sum {:#x}, model {sum:#x} (count {count}, seed {seed:#x})", l.result));
+                            self.fail(format!(
+                                "verify: TOUCH sum {:#x}, model {sum:#x} (count {count}, seed {seed:#x})",
+                                l.result
+                            ));
                             self.v.known = false;
                         }
                     }
@@ -2117,7 +2259,10 @@ impl<'p, 's> Worker<'p, 's> {
                 let want = libgmem::sim::checksum(&self.v.model[w0..w0 + n]);
                 if l.result != want {
                     let got = self.first_mismatch(w0, n);
-                    self.fail(format!("verify: {what} on dev{d} of words {w0}+{n}: {:#x}, model {want:#x}; CPU sees {got}", l.result));
+                    self.fail(format!(
+                        "verify: {what} on dev{d} of words {w0}+{n}: {:#x}, model {want:#x}; CPU sees {got}",
+                        l.result
+                    ));
                     self.v.known = false;
                 }
             }
@@ -2132,7 +2277,13 @@ impl<'p, 's> Worker<'p, 's> {
         }
         // The residency of every page before the CPU reads them (reading moves them).
         let mut st = [0u32; 256];
-        let mut q = GmemQuery { argsz: argsz::<GmemQuery>(), addr: self.v.addr, npages: 256, states: st.as_mut_ptr() as u64, ..Default::default() };
+        let mut q = GmemQuery {
+            argsz: argsz::<GmemQuery>(),
+            addr: self.v.addr,
+            npages: 256,
+            states: st.as_mut_ptr() as u64,
+            ..Default::default()
+        };
         // SAFETY: QUERY into our stack buffer of 256 words (the region has 256 pages).
         let queried = unsafe { libc::ioctl(self.gfd(), GMEM_IOC_QUERY as _, &mut q as *mut GmemQuery) } == 0;
         let mut first = None;
@@ -2167,7 +2318,12 @@ impl<'p, 's> Worker<'p, 's> {
             // SAFETY: our private region, not pinned.
             let w = unsafe { std::ptr::read_volatile(self.vaddr(i) as *const u32) };
             if w != self.v.model[i] {
-                self.fail(format!("verify: {what}: word {i} (page {}) = {w:#x}, model {:#x}; history {}", i / 1024, self.v.model[i], self.v.history_of(i)));
+                self.fail(format!(
+                    "verify: {what}: word {i} (page {}) = {w:#x}, model {:#x}; history {}",
+                    i / 1024,
+                    self.v.model[i],
+                    self.v.history_of(i)
+                ));
                 self.v.known = false;
                 return;
             }
@@ -2184,7 +2340,11 @@ impl<'p, 's> Worker<'p, 's> {
                 // Another device may not touch pinned pages; the pinning one may.
                 match self.sim_launch(1 - d, K_CHECKSUM, 0, 0, a, 0, len, 0, 0) {
                     Err(libc::EBUSY) => {}
-                    x => self.fail(format!("verify: CHECKSUM on dev{} of pages pinned on dev{d}: {}", 1 - d, show_result(x.map(|_| 0)))),
+                    x => self.fail(format!(
+                        "verify: CHECKSUM on dev{} of pages pinned on dev{d}: {}",
+                        1 - d,
+                        show_result(x.map(|_| 0))
+                    )),
                 }
                 self.v_checksum(d, w0, n, "CHECKSUM of pinned pages");
                 // The CPU may not either: through the kernel that is EFAULT.
@@ -2321,7 +2481,11 @@ impl std::fmt::Write for StackText {
 fn child_ioctl<T>(fd: i32, cmd: u64, arg: &mut T) -> Result<i64, i32> {
     // SAFETY: `arg` is the argument struct of `cmd`, on our stack.
     let r = unsafe { libc::ioctl(fd, cmd as _, arg as *mut T) };
-    if r < 0 { Err(errno()) } else { Ok(r as i64) }
+    if r < 0 {
+        Err(errno())
+    } else {
+        Ok(r as i64)
+    }
 }
 
 /// The fork child: the inherited fds belong to the parent's space (EPERM, ENOENT, EINVAL),
@@ -2373,7 +2537,8 @@ fn fork_child(rng: Rng, gfd: i32, sfd: i32, hint: u64, errfd: i32, parent: i32) 
         report(errfd, "mmap of the inherited fd", if m == libc::MAP_FAILED { Err(errno()) } else { Ok(0) });
     }
     // The parent's region is not mapped here, and this process has no space yet.
-    let mut l = SimLaunch { argsz: argsz::<SimLaunch>(), kernel: K_CHECKSUM, a: hint & !3, len: 4096, ..Default::default() };
+    let mut l =
+        SimLaunch { argsz: argsz::<SimLaunch>(), kernel: K_CHECKSUM, a: hint & !3, len: 4096, ..Default::default() };
     match child_ioctl(sfd, GMEM_SIM_IOC_LAUNCH, &mut l) {
         Err(libc::ENOENT) | Err(libc::EFAULT) => {}
         r => report(errfd, "LAUNCH before opening /dev/gmem", r),
@@ -2389,13 +2554,15 @@ fn fork_child(rng: Rng, gfd: i32, sfd: i32, hint: u64, errfd: i32, parent: i32) 
         report(errfd, "open /dev/gmem", Err(errno()));
     }
     let size = rng.range(1, 1024) * PAGE;
-    let mut a = GmemAlloc { argsz: argsz::<GmemAlloc>(), size, preferred_dev: rng.pick(&[-1, 0, 1]), ..Default::default() };
+    let mut a =
+        GmemAlloc { argsz: argsz::<GmemAlloc>(), size, preferred_dev: rng.pick(&[-1, 0, 1]), ..Default::default() };
     if let r @ Err(_) = child_ioctl(fd, GMEM_IOC_ALLOC, &mut a) {
         report(errfd, "ALLOC in the child", r);
     }
     // SAFETY: our fresh region, read/write.
     unsafe { std::ptr::write_volatile(a.addr as *mut u32, 7) };
-    let mut l = SimLaunch { argsz: argsz::<SimLaunch>(), kernel: K_FILL, a: a.addr, len: size, value: 3, ..Default::default() };
+    let mut l =
+        SimLaunch { argsz: argsz::<SimLaunch>(), kernel: K_FILL, a: a.addr, len: size, value: 3, ..Default::default() };
     let filled = match child_ioctl(sfd, GMEM_SIM_IOC_LAUNCH, &mut l) {
         Ok(_) => true,
         Err(libc::ENOMEM) | Err(libc::EIO) => false,
@@ -2439,7 +2606,13 @@ fn fork_child(rng: Rng, gfd: i32, sfd: i32, hint: u64, errfd: i32, parent: i32) 
             report(errfd, "TOUCH count=2^64-1 returned", r);
         }
         _ => {
-            let mut l = SimLaunch { argsz: argsz::<SimLaunch>(), kernel: K_CHECKSUM, a: a.addr, len: size, ..Default::default() };
+            let mut l = SimLaunch {
+                argsz: argsz::<SimLaunch>(),
+                kernel: K_CHECKSUM,
+                a: a.addr,
+                len: size,
+                ..Default::default()
+            };
             let _ = child_ioctl(sfd, GMEM_SIM_IOC_LAUNCH, &mut l);
             // SAFETY: plain exit.
             unsafe { libc::_exit(0) }
@@ -2470,7 +2643,8 @@ fn fuzz_process(seed: u64, shared: &Shared, errfd: i32, life: Duration) -> ! {
     // ever fall inside them.
     let mut private = Vec::new();
     for _ in 0..THREADS {
-        let (Some(a), Some(v)) = (guarded_region(anchor.fd(), ARGREG), guarded_region(anchor.fd(), VERIFY_BYTES)) else {
+        let (Some(a), Some(v)) = (guarded_region(anchor.fd(), ARGREG), guarded_region(anchor.fd(), VERIFY_BYTES))
+        else {
             fail("fuzz process: private regions".into())
         };
         private.push((a, v));
@@ -2508,10 +2682,9 @@ fn fuzz_process(seed: u64, shared: &Shared, errfd: i32, life: Duration) -> ! {
 }
 
 fn fuzz() -> TestResult {
-    let seed = std::env::var("gmem_fuzz_seed")
-        .ok()
-        .and_then(|s| s.parse::<u64>().ok())
-        .unwrap_or_else(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64));
+    let seed = std::env::var("gmem_fuzz_seed").ok().and_then(|s| s.parse::<u64>().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
+    });
     println!("GMEM-FUZZ seed={seed} secs={FUZZ_SECS} procs={PROCS} threads={THREADS} huge_sizes={HUGE_SIZES}");
     let rng = Rng::new(seed);
     // SAFETY: a fresh shared anonymous page: zeroed memory is a valid `Shared` (atomics).
@@ -2584,7 +2757,10 @@ fn fuzz() -> TestResult {
             let ok = (libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0)
                 || (killed && libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGKILL);
             if !ok {
-                unexpected.push(format!("fuzz process {pid}: status {status:#x} (signal {})", if libc::WIFSIGNALED(status) { libc::WTERMSIG(status) } else { 0 }));
+                unexpected.push(format!(
+                    "fuzz process {pid}: status {status:#x} (signal {})",
+                    if libc::WIFSIGNALED(status) { libc::WTERMSIG(status) } else { 0 }
+                ));
             }
             false
         });
@@ -2644,7 +2820,12 @@ fn fuzz() -> TestResult {
     }
     ensure!(live.is_empty(), "fuzz processes {:?} not reaped {} s after SIGKILL", live, REAP.as_secs());
     ensure!(unexpected.is_empty(), "{}", unexpected.join("; "));
-    ensure!(shared.get(C_ERRORS) == 0, "{} unexpected results, first: {}", shared.get(C_ERRORS), messages.lines().next().unwrap_or("(message lost)"));
+    ensure!(
+        shared.get(C_ERRORS) == 0,
+        "{} unexpected results, first: {}",
+        shared.get(C_ERRORS),
+        messages.lines().next().unwrap_or("(message lost)")
+    );
     // A floor that only catches a fuzzer that did nothing (the debug kernel is ~10x slower).
     ensure!(shared.get(C_CALLS) > 200, "only {} calls in {FUZZ_SECS} s", shared.get(C_CALLS));
     after_fuzz()
@@ -2660,20 +2841,35 @@ fn after_fuzz() -> TestResult {
         let busy: Vec<String> = c
             .iter()
             .filter(|(_, m)| ["used", "pinned", "lent"].iter().any(|k| m.get(*k).copied().unwrap_or(0) != 0))
-            .map(|(d, m)| format!("dev{d} used={:?} pinned={:?} lent={:?}", m.get("used"), m.get("pinned"), m.get("lent")))
+            .map(|(d, m)| {
+                format!("dev{d} used={:?} pinned={:?} lent={:?}", m.get("used"), m.get("pinned"), m.get("lent"))
+            })
             .collect();
         if busy.is_empty() {
             break;
         }
         last = busy.join(", ");
-        ensure!(t.elapsed() < DRAIN, "frames still in use {} s after every fuzz process exited: {last}", DRAIN.as_secs());
+        ensure!(
+            t.elapsed() < DRAIN,
+            "frames still in use {} s after every fuzz process exited: {last}",
+            DRAIN.as_secs()
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
-    println!("GMEM-INFO fuzz: all frames free after {} ms{}", t.elapsed().as_millis(), if last.is_empty() { String::new() } else { format!(" (was: {last})") });
+    println!(
+        "GMEM-INFO fuzz: all frames free after {} ms{}",
+        t.elapsed().as_millis(),
+        if last.is_empty() { String::new() } else { format!(" (was: {last})") }
+    );
     for d in 0..NDEV {
         let s = libgmem::sim::Sim::open(d).map_err(|e| format!("open sim{d}: {e}"))?;
         let i = ok!(s.info());
-        ensure!(i.ptes == 0 && i.ptes_2m == 0, "sim{d}: {} 4 KiB and {} 2 MiB PTEs left with no process using GMEM", i.ptes, i.ptes_2m);
+        ensure!(
+            i.ptes == 0 && i.ptes_2m == 0,
+            "sim{d}: {} 4 KiB and {} 2 MiB PTEs left with no process using GMEM",
+            i.ptes,
+            i.ptes_2m
+        );
     }
     let g = Gmem::open().map_err(|e| e.to_string())?;
     ensure!(ok!(g.version()).nr_devices as usize == NDEV, "devices missing after the fuzz");
@@ -2682,7 +2878,10 @@ fn after_fuzz() -> TestResult {
     let r = ok!(g.alloc(4 << 20));
     ok!(s0.fill(r.addr, r.len as u64, 0x5eed));
     let expect: Vec<u32> = (0..r.len as u32 / 4).map(|i| 0x5eed + i).collect();
-    ensure!(ok!(s1.checksum(r.addr, r.len as u64)).result == libgmem::sim::checksum(&expect), "checksum on dev1 after the fuzz");
+    ensure!(
+        ok!(s1.checksum(r.addr, r.len as u64)).result == libgmem::sim::checksum(&expect),
+        "checksum on dev1 after the fuzz"
+    );
     let w = crate::harness::words(&r);
     ensure!(w == expect.as_slice(), "CPU read-back after the fuzz");
     drop(r);

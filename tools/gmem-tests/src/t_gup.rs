@@ -27,7 +27,11 @@ fn gup_refused_remote_access_sees_device_data() -> TestResult {
     let remote = libc::iovec { iov_base: r.addr as *mut libc::c_void, iov_len: 4096 };
     // SAFETY: both iovecs describe valid memory of this process.
     let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
-    ensure!(n == -1 && matches!(errno(), libc::EFAULT | libc::ENOSYS), "process_vm_readv on GMEM memory: {n} (errno {})", errno());
+    ensure!(
+        n == -1 && matches!(errno(), libc::EFAULT | libc::ENOSYS),
+        "process_vm_readv on GMEM memory: {n} (errno {})",
+        errno()
+    );
 
     // vmsplice would let a pipe hold the host page: refused.
     let mut fds = [0i32; 2];

@@ -56,7 +56,8 @@ fn huge_alloc_is_lazy_and_cheap() -> TestResult {
     // Three touched blocks (16 bytes per page each, with their 512-byte directory leaves).
     ensure!(touched - untouched <= 3 * (8192 + 512 + 256), "touching 3 pages cost {} bytes", touched - untouched);
     // SAFETY: as above.
-    let (a, b) = unsafe { (std::ptr::read_volatile(r1t.addr as *const u32), std::ptr::read_volatile(last as *const u32)) };
+    let (a, b) =
+        unsafe { (std::ptr::read_volatile(r1t.addr as *const u32), std::ptr::read_volatile(last as *const u32)) };
     ensure!(a == 0xfeed && b == 0xbeef, "read back {a:#x} {b:#x}");
     drop(r1t);
     drop(r512);
@@ -80,7 +81,10 @@ fn prefetch_larger_than_device_succeeds() -> TestResult {
     let f = ok!(g.advise(r2.addr, r2.len as u64, GMEM_ADV_PREFETCH, 0, GMEM_ADVF_ASYNC));
     ok!(g.wait(f));
     let tail = ok!(r2.query());
-    ensure!(tail.last().is_some_and(|w| q_loc(*w) == GMEM_LOC_DEVICE), "ASYNC PREFETCH did not reach the end of the range");
+    ensure!(
+        tail.last().is_some_and(|w| q_loc(*w) == GMEM_LOC_DEVICE),
+        "ASYNC PREFETCH did not reach the end of the range"
+    );
     Ok(())
 }
 
@@ -199,7 +203,10 @@ fn long_advice_stops_on_sigkill() -> TestResult {
     let idle = reap_time(len, false, full / 10)?;
     let busy = reap_time(len, true, full / 10)?;
     println!("GMEM-INFO long_advice_stops_on_sigkill: PREFETCH of {} MiB takes {full:?}; reaped {busy:?} after SIGKILL ({idle:?} when idle)", len >> 20);
-    ensure!(busy <= idle + full / 4, "reaped {busy:?} after SIGKILL ({idle:?} when idle); one whole PREFETCH takes {full:?}");
+    ensure!(
+        busy <= idle + full / 4,
+        "reaped {busy:?} after SIGKILL ({idle:?} when idle); one whole PREFETCH takes {full:?}"
+    );
     Ok(())
 }
 

@@ -151,7 +151,10 @@ fn pinned_pages_survive_pressure() -> TestResult {
     ok!(s.fill(big.addr, big.len as u64, 6));
     ok!(s.checksum(big.addr, big.len as u64));
     let q = ok!(pinned.query());
-    ensure!(q.iter().all(|w| q_loc(*w) == GMEM_LOC_DEVICE && q_dev(*w) == 0 && w & GMEM_Q_PINNED != 0), "a pinned page moved");
+    ensure!(
+        q.iter().all(|w| q_loc(*w) == GMEM_LOC_DEVICE && q_dev(*w) == 0 && w & GMEM_Q_PINNED != 0),
+        "a pinned page moved"
+    );
     let o = ok!(s.checksum(pinned.addr, pinned.len as u64));
     ensure!(o.faults == 0 && o.result == checksum(&fill_words(pinned.len, 5)), "pinned data wrong or not resident");
     // More pins than the device holds are refused; the first pin stays.
@@ -179,7 +182,10 @@ fn peer_device_victim_tier() -> TestResult {
     let q = ok!(r.query());
     let still = q.iter().filter(|w| q_loc(**w) == GMEM_LOC_DEVICE && q_dev(**w) == dev1).count();
     ensure!(still < parked, "lender did not reclaim parked frames ({still} of {parked} left)");
-    ensure!(ok!(s1.checksum(mine.addr, mine.len as u64)).result == checksum(&fill_words(mine.len, 400)), "lender data wrong");
+    ensure!(
+        ok!(s1.checksum(mine.addr, mine.len as u64)).result == checksum(&fill_words(mine.len, 400)),
+        "lender data wrong"
+    );
     ensure!(ok!(s0.checksum(r.addr, r.len as u64)).result == checksum(&fill_words(r.len, 300)), "parked data lost");
     ensure!(checksum(words(&r)) == checksum(&fill_words(r.len, 300)), "parked data wrong on CPU");
     Ok(())
@@ -228,7 +234,11 @@ fn eviction_races_free_munmap_and_exit() -> TestResult {
             } else {
                 // SAFETY: unmapping our own region from another thread, on purpose.
                 let rc = unsafe { libc::munmap(addr2 as *mut libc::c_void, len) };
-                if rc == 0 { Ok(()) } else { Err("munmap failed".into()) }
+                if rc == 0 {
+                    Ok(())
+                } else {
+                    Err("munmap failed".into())
+                }
             }
         });
         let res = s.fill(addr, len as u64, 7);
@@ -303,7 +313,6 @@ fn ping_pong() -> TestResult {
 
 const CG: &str = "/sys/fs/cgroup/gmem_oom";
 
-
 static SIGBUSES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 /// `memory.max` of the test cgroup, opened before the squeeze: opening it at the limit
 /// needs a charged `struct file` and would invoke the memory cgroup's OOM killer.
@@ -350,7 +359,8 @@ fn host_oom_during_eviction_fails_cleanly() -> TestResult {
         // Everything needed while the cgroup is full is prepared now: at the limit, any
         // userspace allocation (heap, a new VMA) would rightly invoke the memcg OOM killer.
         let mut states = vec![u32::MAX; a.pages()]; // written now, so its pages exist
-        let mut q = GmemQuery { argsz: argsz::<GmemQuery>(), addr: a.addr, npages: a.pages() as u64, ..Default::default() };
+        let mut q =
+            GmemQuery { argsz: argsz::<GmemQuery>(), addr: a.addr, npages: a.pages() as u64, ..Default::default() };
         q.states = states.as_mut_ptr() as u64;
         let max = format!("{CG}/memory.max");
         let Ok(maxf) = std::fs::OpenOptions::new().write(true).open(&max) else { return 35 };
@@ -417,7 +427,10 @@ pub fn tests() -> Vec<Test> {
         Test { name: "stream_4x_capacity", f: stream_4x_capacity },
         Test { name: "random_access_3x", f: random_access_3x },
         Test { name: "two_processes_overcommit_concurrently", f: two_processes_overcommit_concurrently },
-        Test { name: "cpu_and_device_alternate_writes_overcommitted", f: cpu_and_device_alternate_writes_overcommitted },
+        Test {
+            name: "cpu_and_device_alternate_writes_overcommitted",
+            f: cpu_and_device_alternate_writes_overcommitted,
+        },
         Test { name: "pinned_pages_survive_pressure", f: pinned_pages_survive_pressure },
         Test { name: "peer_device_victim_tier", f: peer_device_victim_tier },
         Test { name: "fragmented_pool_still_allocates", f: fragmented_pool_still_allocates },

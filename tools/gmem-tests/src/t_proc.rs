@@ -84,7 +84,6 @@ fn exit_with_pages_on_device() -> TestResult {
     Ok(())
 }
 
-
 /// Must run last of the tests that use the devices: it reloads the driver.
 fn driver_unregister_evacuates() -> TestResult {
     let g = Gmem::open().map_err(|e| e.to_string())?;

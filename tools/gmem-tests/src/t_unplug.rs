@@ -133,14 +133,17 @@ fn unplug_lost_pages_are_reported_not_reused() -> TestResult {
             // Written now (not zero: a zeroed allocation may be untouched mmap memory), so its
             // pages exist before the squeeze.
             let mut states = vec![u32::MAX; a.pages()];
-            let mut q = GmemQuery { argsz: argsz::<GmemQuery>(), addr: a.addr, npages: a.pages() as u64, ..Default::default() };
+            let mut q =
+                GmemQuery { argsz: argsz::<GmemQuery>(), addr: a.addr, npages: a.pages() as u64, ..Default::default() };
             q.states = states.as_mut_ptr() as u64;
             on_signal(libc::SIGBUS, sigbus_on_lost as *const () as usize, false);
             // Everything needed at the limit is prepared now (a heap allocation there could
             // rightly invoke the memory cgroup's OOM killer).
             // The limit file is opened now: opening it at the limit would need a charged
             // `struct file`. Each write(2) sets the limit anew.
-            let Ok(mut maxf) = std::fs::OpenOptions::new().write(true).open(format!("{cgp}/memory.max")) else { return 27 };
+            let Ok(mut maxf) = std::fs::OpenOptions::new().write(true).open(format!("{cgp}/memory.max")) else {
+                return 27;
+            };
             // Room for about 1 MiB more than now: most of the 8 MiB cannot come home.
             let Ok(cur) = std::fs::read_to_string(format!("{cgp}/memory.current")) else { return 14 };
             let Ok(cur) = cur.trim().parse::<u64>() else { return 15 };
@@ -210,7 +213,10 @@ fn unplug_lost_pages_are_reported_not_reused() -> TestResult {
     let line = spaces.lines().find(|l| l.contains(&format!("pid={pid} "))).unwrap_or("");
     let lost_now: u64 = line.split_whitespace().find_map(|w| w.strip_prefix("lost=")?.parse().ok()).unwrap_or(0);
     ensure!(lost_now > 0, "debugfs does not show A's lost pages: {line:?}");
-    ensure!(log.contains(&format!("of process {pid} ")) && log.contains("lost"), "no kernel log line names the loss:\n{log}");
+    ensure!(
+        log.contains(&format!("of process {pid} ")) && log.contains("lost"),
+        "no kernel log line names the loss:\n{log}"
+    );
     ensure!(!log.contains("bad frame free") && !frames_left(&log), "frames mishandled:\n{log}");
     Ok(())
 }
@@ -231,7 +237,11 @@ fn kill_races_rmmod() -> TestResult {
     ensure!(ok!(g.version()).nr_devices == 2, "devices not back after the race");
     // The reloaded device works: data written by it reads back on the CPU.
     let r = ok!(g.alloc(1 << 20));
-    ok!(Sim::open(0).map_err(|e| Errno(e.raw_os_error().unwrap_or(libc::EIO))).and_then(|s| s.fill(r.addr, r.len as u64, 9)));
+    ok!(Sim::open(0).map_err(|e| Errno(e.raw_os_error().unwrap_or(libc::EIO))).and_then(|s| s.fill(
+        r.addr,
+        r.len as u64,
+        9
+    )));
     ensure!(words(&r).iter().enumerate().all(|(i, &x)| x == pattern(9, i)), "reloaded device wrote wrong data");
     Ok(())
 }
@@ -277,7 +287,10 @@ fn race_kill_and_rmmod() -> TestResult {
 
 pub fn tests() -> Vec<Test> {
     vec![
-        Test { name: "unplug_in_small_cgroup_keeps_data_and_identity", f: unplug_in_small_cgroup_keeps_data_and_identity },
+        Test {
+            name: "unplug_in_small_cgroup_keeps_data_and_identity",
+            f: unplug_in_small_cgroup_keeps_data_and_identity,
+        },
         Test { name: "unplug_lost_pages_are_reported_not_reused", f: unplug_lost_pages_are_reported_not_reused },
         Test { name: "kill_races_rmmod", f: kill_races_rmmod },
     ]

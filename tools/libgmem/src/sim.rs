@@ -63,7 +63,8 @@ pub struct SimFailCopy {
 pub const GMEM_SIM_IOC_LAUNCH: u64 = iowr_s(0x01, std::mem::size_of::<SimLaunch>());
 pub const GMEM_SIM_IOC_INFO: u64 = iowr_s(0x02, std::mem::size_of::<SimInfo>());
 /// `_IOW('S', 0x03, struct gmem_sim_fail_copy)`.
-pub const GMEM_SIM_IOC_FAIL_COPY: u64 = (1u64 << 30) | ((std::mem::size_of::<SimFailCopy>() as u64) << 16) | ((b'S' as u64) << 8) | 0x03;
+pub const GMEM_SIM_IOC_FAIL_COPY: u64 =
+    (1u64 << 30) | ((std::mem::size_of::<SimFailCopy>() as u64) << 16) | ((b'S' as u64) << 8) | 0x03;
 
 /// `_IO('S', 0x04)`: hot-unplug the device.
 pub const GMEM_SIM_IOC_UNPLUG: u64 = ((b'S' as u64) << 8) | 0x04;
@@ -101,8 +102,29 @@ impl Sim {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn launch(&self, kernel: u32, flags: u32, value: u32, a: u64, b: u64, len: u64, seed: u64, count: u64) -> Result<Outcome> {
-        let mut l = SimLaunch { argsz: argsz::<SimLaunch>(), kernel, flags, value, a, b, len, seed, count, ..Default::default() };
+    fn launch(
+        &self,
+        kernel: u32,
+        flags: u32,
+        value: u32,
+        a: u64,
+        b: u64,
+        len: u64,
+        seed: u64,
+        count: u64,
+    ) -> Result<Outcome> {
+        let mut l = SimLaunch {
+            argsz: argsz::<SimLaunch>(),
+            kernel,
+            flags,
+            value,
+            a,
+            b,
+            len,
+            seed,
+            count,
+            ..Default::default()
+        };
         self.launch_raw(&mut l)?;
         Ok(Outcome { result: l.result, faults: l.faults, batches: l.batches })
     }
@@ -133,7 +155,8 @@ impl Sim {
     /// all of them reach gmem as they are, in one fault batch per 256.
     pub fn gather(&self, addrs: &[u64]) -> Result<(Vec<u32>, Outcome)> {
         let mut out = vec![0u32; addrs.len()];
-        let o = self.launch(K_GATHER, 0, 0, addrs.as_ptr() as u64, out.as_mut_ptr() as u64, 0, 0, addrs.len() as u64)?;
+        let o =
+            self.launch(K_GATHER, 0, 0, addrs.as_ptr() as u64, out.as_mut_ptr() as u64, 0, 0, addrs.len() as u64)?;
         Ok((out, o))
     }
 
