@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * gmem_example: the GMEM user API from C, with only the uapi headers and libc.
- * Allocates 1 MiB, writes it on the CPU, checksums it on /dev/gmem_sim0, prefetches it to
- * that device, fills it there and verifies the result on the CPU.
- *   build: gcc -static -O2 -Wall -Wextra -Werror -I include/uapi -o gmem-example \
- *              tools/examples/gmem_example.c
+ * gmem_example: GMEM from C through the C library (libgmem, <gmem.h>); the simulated
+ * device's kernels through its own uapi header. Allocates 1 MiB, writes it on the CPU,
+ * checksums it on /dev/gmem_sim0, prefetches it to that device, fills it there and
+ * verifies the result on the CPU.
+ *   build: cc -I include/uapi $(pkg-config --cflags libgmem) -o gmem-example \
+ *              tools/examples/gmem_example.c $(pkg-config --libs libgmem)
  * Prints "GMEM-UTEST ok c_example" or "GMEM-UTEST not ok c_example # <reason>".
  */
 #include <errno.h>
@@ -15,7 +16,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <unistd.h>
-#include <linux/gmem.h>
+#include <gmem.h>
 #include <linux/gmem_sim.h>
 
 #define SIZE	(1u << 20)
@@ -58,18 +59,15 @@ static void launch(int sim, struct gmem_sim_launch *l, __u32 kernel, __u64 a, __
 
 int main(void)
 {
-	struct gmem_alloc al = { .argsz = sizeof(al), .size = SIZE, .preferred_dev = GMEM_NO_DEVICE };
 	struct gmem_sim_info info = { .argsz = sizeof(info) };
 	struct gmem_sim_launch l;
-	static __u32 states[NPAGES];
-	int gmem, sim;
+	static uint32_t states[NPAGES];
+	int sim, r;
 
-	gmem = open("/dev/gmem", O_RDWR | O_CLOEXEC);
-	if (gmem < 0)
-		fail_errno("open /dev/gmem");
-	if (ioctl(gmem, GMEM_IOC_ALLOC, &al))
-		fail_errno("GMEM_IOC_ALLOC");
-	uint32_t *w = (uint32_t *)(uintptr_t)al.addr;
+	uint32_t *w = gmem_malloc(SIZE);	/* cudaMallocManaged */
+	if (!w)
+		fail_errno("gmem_malloc");
+	__u64 addr = (__u64)(uintptr_t)w;
 
 	for (size_t i = 0; i < NWORDS; i++)	/* CPU touch: pages fault in on the host */
 		w[i] = (uint32_t)i * 2654435761u;
@@ -80,41 +78,43 @@ int main(void)
 		fail_errno("open /dev/gmem_sim0");
 	if (ioctl(sim, GMEM_SIM_IOC_INFO, &info))
 		fail_errno("GMEM_SIM_IOC_INFO");
-	launch(sim, &l, GMEM_SIM_K_CHECKSUM, al.addr, 0);
+	launch(sim, &l, GMEM_SIM_K_CHECKSUM, addr, 0);
 	if (l.result != sum)
 		fail("device checksum differs from the CPU's");
 	if (fnv1a(w, NWORDS) != sum)	/* the CPU reads again: pages come home */
 		fail("CPU read-back after the device read");
 
-	struct gmem_advise adv = { .argsz = sizeof(adv), .advice = GMEM_ADV_PREFETCH,
-				   .addr = al.addr, .len = SIZE, .dev = info.gmem_id };
-	if (ioctl(gmem, GMEM_IOC_ADVISE, &adv))
-		fail_errno("GMEM_IOC_ADVISE PREFETCH");
-	struct gmem_query q = { .argsz = sizeof(q), .addr = al.addr, .npages = NPAGES,
-				.states = (__u64)(uintptr_t)states };
-	if (ioctl(gmem, GMEM_IOC_QUERY, &q))
-		fail_errno("GMEM_IOC_QUERY");
+	r = gmem_prefetch(w, SIZE, info.gmem_id);	/* cudaMemPrefetchAsync + sync */
+	if (r) {
+		errno = -r;
+		fail_errno("gmem_prefetch");
+	}
+	r = gmem_query(w, NPAGES, states);
+	if (r) {
+		errno = -r;
+		fail_errno("gmem_query");
+	}
 	for (size_t p = 0; p < NPAGES; p++)
-		if (GMEM_Q_LOC(states[p]) != GMEM_LOC_DEVICE ||
-		    GMEM_Q_DEV(states[p]) != (__u32)info.gmem_id)
+		if (gmem_loc(states[p]) != GMEM_LOC_DEVICE || gmem_dev(states[p]) != (unsigned int)info.gmem_id)
 			fail("QUERY after PREFETCH: a page is not on the device");
 
 	/* Prefetched pages are resident and mapped: reading them faults nothing. */
-	launch(sim, &l, GMEM_SIM_K_CHECKSUM, al.addr, 0);
+	launch(sim, &l, GMEM_SIM_K_CHECKSUM, addr, 0);
 	if (l.faults != 0 || l.result != sum)
 		fail("CHECKSUM after PREFETCH faulted or read wrong data");
 	/* They are clean (the host copy is kept) and mapped read-only, so the first write to
 	 * each page faults once to make it writable; no data moves for that. */
-	launch(sim, &l, GMEM_SIM_K_FILL, al.addr, 7);
+	launch(sim, &l, GMEM_SIM_K_FILL, addr, 7);
 	for (size_t i = 0; i < NWORDS; i++)
 		if (w[i] != 7 + (uint32_t)i)
 			fail("CPU read of the device's FILL");
 
-	struct gmem_free fr = { .argsz = sizeof(fr), .addr = al.addr };
-	if (ioctl(gmem, GMEM_IOC_FREE, &fr))
-		fail_errno("GMEM_IOC_FREE");
+	r = gmem_free(w);
+	if (r) {
+		errno = -r;
+		fail_errno("gmem_free");
+	}
 	close(sim);
-	close(gmem);
 	printf("GMEM-UTEST ok c_example\n");
 	return 0;
 }
