@@ -44,7 +44,11 @@ kernel: deps
 modules: kernel
 	@echo "[modules] gmem.ko + gmem_sim.ko + gmem_csample.ko ($(FLAVOUR)) against $$(cat $(B)/kdir)"
 	@mkdir -p $(B)/modules $(B)/ko
-	@$(MAKE) -s -C "$$(cat $(B)/kdir)" M=$(CURDIR) MO=$(CURDIR)/$(B)/modules LLVM=-19 modules
+	@set -o pipefail; $(MAKE) -s -C "$$(cat $(B)/kdir)" M=$(CURDIR) MO=$(CURDIR)/$(B)/modules LLVM=-19 CLIPPY=1 modules 2>&1 \
+		| tee $(B)/modules.log
+	@# Rust compiler, clippy (CLIPPY=1) and C compiler warnings all fail the build.
+	@if grep -qE '^warning|: warning:' $(B)/modules.log; then \
+		echo "[modules] warnings above (see $(B)/modules.log): fix them"; exit 1; fi
 	@cp $(B)/modules/gmem/gmem.ko $(B)/modules/drivers/gmem_sim.ko $(B)/modules/drivers/gmem_csample.ko $(B)/ko/
 	@if [ -f "$$(cat $(B)/kdir)/lib/test_hmm.ko" ]; then cp "$$(cat $(B)/kdir)/lib/test_hmm.ko" $(B)/ko/; fi
 
@@ -76,6 +80,8 @@ host-test: deps
 	@cargo fmt --all -- --check > $(B)/rustfmt.log 2>&1 && \
 		rustfmt --check --config-path rustfmt.toml gmem/gmem_main.rs drivers/gmem_sim.rs >> $(B)/rustfmt.log 2>&1 || \
 		{ head -60 $(B)/rustfmt.log; echo "rustfmt: not formatted (run: cargo fmt --all; rustfmt --config-path rustfmt.toml gmem/gmem_main.rs drivers/gmem_sim.rs)"; exit 1; }
+	@echo "[host] cargo clippy -D warnings: workspace"
+	@cargo clippy -q --workspace --all-targets -- -D warnings
 	@echo "[host] cargo test (pure policy code, libgmem)"
 	@set -o pipefail; cargo test --workspace 2>&1 | tee $(B)/cargo-test.log | grep -E '^test result|FAILED|panicked|error' || true
 

@@ -7,6 +7,7 @@
 //! - a copy engine (the `copy` callback) moving pages host<->frame and frame<->peer frame;
 //! - kernels (`sim_kernels.rs`) that access memory only through that page table and report
 //!   misses to gmem in batches, then replay.
+//!
 //! Userspace launches kernels through `/dev/gmem_simN` (`include/uapi/linux/gmem_sim.h`),
 //! and can hot-unplug a device (`GMEM_SIM_IOC_UNPLUG`).
 //!

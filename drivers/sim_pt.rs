@@ -68,7 +68,7 @@ impl Leaf {
         if self.huge & PTE_VALID != 0 {
             // Page k of a 2 MiB entry is frame `base + k`; flags are the entry's, the
             // accessed bit the page's own.
-            (self.huge & !PTE_ACCESSED) + ((k as u64) << 12) | (self.ptes[k] & PTE_ACCESSED)
+            ((self.huge & !PTE_ACCESSED) + ((k as u64) << 12)) | (self.ptes[k] & PTE_ACCESSED)
         } else {
             self.ptes[k]
         }

@@ -31,6 +31,9 @@ if ! command -v rustup >/dev/null 2>&1; then
     export PATH="$HOME/.cargo/bin:$PATH"
 fi
 rustup component list --installed | grep -q '^rust-src' || { say "rustup component add rust-src"; rustup component add rust-src; }
+for c in clippy rustfmt; do
+    rustup component list --installed | grep -q "^$c" || { say "rustup component add $c"; rustup component add "$c"; }
+done
 rustup target list --installed | grep -q x86_64-unknown-linux-musl || { say "rustup target add x86_64-unknown-linux-musl"; rustup target add x86_64-unknown-linux-musl; }
 
 if ! command -v bindgen >/dev/null 2>&1 || ! bindgen --version | grep -Eq 'bindgen 0\.(7[1-9]|[89][0-9])'; then

@@ -80,11 +80,11 @@ pub(crate) fn show(f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
     writeln!(
         f,
         "prefetch={} prefetch_pct={} preevict={} peer={} thrash={} thrash_window_us={}",
-        PREFETCH.load(Relaxed) as u8,
+        u8::from(PREFETCH.load(Relaxed)),
         PREFETCH_PCT.load(Relaxed),
-        PREEVICT.load(Relaxed) as u8,
-        PEER.load(Relaxed) as u8,
-        THRASH.load(Relaxed) as u8,
+        u8::from(PREEVICT.load(Relaxed)),
+        u8::from(PEER.load(Relaxed)),
+        u8::from(THRASH.load(Relaxed)),
         THRASH_WINDOW_US.load(Relaxed)
     )
 }

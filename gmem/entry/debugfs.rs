@@ -8,6 +8,7 @@
 //! - `spaces`: per address space — regions, CPU and device faults, current residency
 //!   (pages nowhere / on host / on each device, pinned, duplicated) and metadata bytes per
 //!   managed page.
+//!
 //! Everything is read from the live objects at read time; nothing is cached here.
 
 use crate::obj::device::Device;
@@ -77,7 +78,7 @@ fn show_device(d: &Device, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         d.frames_lent(),
         d.low(),
         d.high(),
-        d.alive() as u8
+        u8::from(d.alive())
     )?;
     writeln!(
         f,
@@ -172,8 +173,8 @@ fn show_spaces(_: &(), f: &mut fmt::Formatter<'_>) -> fmt::Result {
                         Loc::Device(d) => c.device[d as usize % MAX_DEVICES] += 1,
                     }
                     c.none -= 1;
-                    c.pinned += st.pinned() as usize;
-                    c.duplicated += (st.dup_mask() != 0) as usize;
+                    c.pinned += usize::from(st.pinned());
+                    c.duplicated += usize::from(st.dup_mask() != 0);
                 }
                 drop(p);
                 crate::obj::sched::cond_resched();
@@ -198,7 +199,7 @@ fn show_spaces(_: &(), f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for (d, n) in c.device.iter().enumerate().filter(|(_, n)| **n != 0) {
             write!(f, " dev{}={}", d, n)?;
         }
-        let per_page_x100 = if c.pages == 0 { 0 } else { c.metadata * 100 / c.pages };
+        let per_page_x100 = (c.metadata * 100).checked_div(c.pages).unwrap_or(0);
         writeln!(
             f,
             " pinned={} duplicated={} metadata_bytes={} bytes_per_page={}.{:02}",

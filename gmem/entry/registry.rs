@@ -16,6 +16,7 @@
 //! 4. Forget the id — only if no frame of the device is in use any more. Otherwise (a bug:
 //!    some page was missed) the id stays reserved by the dead device forever, so that no
 //!    page state can ever resolve to a new device under the old id.
+//!
 //! No callback of the device runs after it returns.
 
 use crate::abi::{GmemDevHandle, GmemDevOps, GmemDevProps, GmemSpaceHandle, GMEM_ACCESS_READ, GMEM_ACCESS_WRITE};

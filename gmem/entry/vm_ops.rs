@@ -47,6 +47,9 @@ pub(crate) unsafe fn attach(vma: *mut bindings::vm_area_struct, region: Arc<Regi
 }
 
 /// A copy of a VMA (split is refused, but mremap copies before it asks us): one more ref.
+///
+/// # Safety
+/// Called by the kernel only, through the `vm_operations_struct` of a GMEM VMA.
 unsafe extern "C" fn vm_open(vma: *mut bindings::vm_area_struct) {
     // SAFETY: `vma` is a copy of a GMEM VMA, so it carries the original's pointer.
     let r: Arc<Region> = unsafe { region_of(vma) }.into();
@@ -54,6 +57,9 @@ unsafe extern "C" fn vm_open(vma: *mut bindings::vm_area_struct) {
 }
 
 /// The VMA goes away: drop its reference; if it is the region's own VMA, free the region.
+///
+/// # Safety
+/// Called by the kernel only, through the `vm_operations_struct` of a GMEM VMA.
 unsafe extern "C" fn vm_close(vma: *mut bindings::vm_area_struct) {
     // SAFETY: `vma` is a GMEM VMA; this gives back the reference taken for it.
     let region = unsafe { Arc::<Region>::from_raw((*vma).vm_private_data.cast::<Region>().cast_const()) };
@@ -65,12 +71,18 @@ unsafe extern "C" fn vm_close(vma: *mut bindings::vm_area_struct) {
 }
 
 /// Partial munmap/mprotect splits are refused: a region lives and dies whole.
+///
+/// # Safety
+/// Called by the kernel only, through the `vm_operations_struct` of a GMEM VMA.
 unsafe extern "C" fn vm_may_split(_vma: *mut bindings::vm_area_struct, _addr: c_ulong) -> c_int {
     EINVAL.to_errno()
 }
 
 /// ptrace / `/proc/PID/mem` access: GUP refuses GMEM VMAs (`VM_IO`), so the kernel asks
 /// us (`access.rs`). Returns the bytes copied (within one page) or a negative errno.
+///
+/// # Safety
+/// Called by the kernel only, through the `vm_operations_struct` of a GMEM VMA.
 unsafe extern "C" fn vm_access(
     vma: *mut bindings::vm_area_struct,
     addr: c_ulong,
@@ -82,7 +94,7 @@ unsafe extern "C" fn vm_access(
     // SAFETY: `vma` is a live GMEM VMA (these ops are only installed on ours).
     let region: Arc<Region> = unsafe { region_of(vma) }.into();
     // SAFETY: `access_remote_vm` passes a kernel buffer of `len` bytes.
-    match unsafe { access::access(&region, addr as usize, buf.cast(), len, write != 0) } {
+    match unsafe { access::access(&region, addr, buf.cast(), len, write != 0) } {
         // At most one page: fits in a `c_int`.
         Ok(n) => n as c_int,
         Err(e) => e.to_errno(),
@@ -90,10 +102,17 @@ unsafe extern "C" fn vm_access(
 }
 
 /// Regions do not move.
+///
+/// # Safety
+/// Called by the kernel only, through the `vm_operations_struct` of a GMEM VMA.
 unsafe extern "C" fn vm_mremap(_vma: *mut bindings::vm_area_struct) -> c_int {
     EINVAL.to_errno()
 }
 
+/// A CPU page fault in a GMEM VMA (`fault.rs` does the work).
+///
+/// # Safety
+/// Called by the kernel only, through the `vm_operations_struct` of a GMEM VMA.
 unsafe extern "C" fn vm_fault(vmf: *mut bindings::vm_fault) -> bindings::vm_fault_t {
     // SAFETY: the kernel passes a valid fault descriptor for a GMEM VMA.
     let (vma, addr, flags) = unsafe { ((*vmf).__bindgen_anon_1.vma, (*vmf).__bindgen_anon_1.address, (*vmf).flags) };
@@ -101,7 +120,7 @@ unsafe extern "C" fn vm_fault(vmf: *mut bindings::vm_fault) -> bindings::vm_faul
     let region = unsafe { region_of(vma) };
     let write = flags & bindings::fault_flag_FAULT_FLAG_WRITE != 0;
     let region: Arc<Region> = region.into();
-    match fault::cpu_fault(&region, vmf, addr as usize, write) {
+    match fault::cpu_fault(&region, vmf, addr, write) {
         Ok(r) => r,
         // Out of host memory (or over the memory cgroup's limit) included: the access fails
         // cleanly with SIGBUS instead of killing something (see host_page.rs).

@@ -203,9 +203,12 @@ fn runs(steps: &[Step], pick: impl Fn(&Step) -> bool, mut f: impl FnMut(usize, u
     }
 }
 
-/// The copy a step needs from the driver, as (direction, source device, destination
-/// device) and its `gmem_copy` entry; `None` for no copy or a host-side zero fill.
-fn copy_entry(p: &Pages, st: &Step, fresh: &Fresh) -> Result<Option<((u32, u8, u8), GmemCopy)>> {
+/// Which copy batch a page joins: (direction, source device, destination device).
+type CopyKey = (u32, u8, u8);
+
+/// The copy a step needs from the driver, as its batch key and its `gmem_copy` entry;
+/// `None` for no copy or a host-side zero fill.
+fn copy_entry(p: &Pages, st: &Step, fresh: &Fresh) -> Result<Option<(CopyKey, GmemCopy)>> {
     let nf = fresh.frame.map(|(_, f)| u64::from(f)).unwrap_or(0);
     let old_frame = p.frame(st.i);
     let null = core::ptr::null_mut();

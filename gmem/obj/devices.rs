@@ -184,14 +184,24 @@ mod tests {
     fn test_driver() -> CDriver {
         use crate::abi::{GmemCopy, GmemPte};
         use kernel::ffi::c_void;
+        /// # Safety
+        /// Never called (a stub of the test table).
         unsafe extern "C" fn cc(_d: *mut c_void, _c: *mut *mut c_void) -> c_int {
             0
         }
+        /// # Safety
+        /// Never called.
         unsafe extern "C" fn cd(_d: *mut c_void, _c: *mut c_void) {}
+        /// # Safety
+        /// Never called.
         unsafe extern "C" fn m(_d: *mut c_void, _c: *mut c_void, _p: *const GmemPte, _n: u32) -> c_int {
             0
         }
+        /// # Safety
+        /// Never called.
         unsafe extern "C" fn u(_d: *mut c_void, _c: *mut c_void, _v: u64, _n: u64) {}
+        /// # Safety
+        /// Never called.
         unsafe extern "C" fn cp(_d: *mut c_void, _r: u32, _c: *const GmemCopy, _n: u32, _p: *mut c_void) -> c_int {
             0
         }
@@ -208,11 +218,13 @@ mod tests {
         let mut p = props(1);
         // Capabilities: unknown bits and a nonzero reserved word are refused.
         p.caps = 2;
-        // SAFETY (all three): `OPS` is static and complete; `p` is a live local.
+        // SAFETY: `OPS` is static and complete; `p` is a live local.
         assert_eq!(unsafe { CDriver::new(&OPS, &p) }.err(), Some(EINVAL));
         (p.caps, p.reserved) = (crate::abi::GMEM_DEV_CAP_MAP_2M, 1);
+        // SAFETY: as above.
         assert_eq!(unsafe { CDriver::new(&OPS, &p) }.err(), Some(EINVAL));
         p.reserved = 0;
+        // SAFETY: as above.
         match unsafe { CDriver::new(&OPS, &p) } {
             Ok((d, _)) => {
                 assert!(d.maps_2m());

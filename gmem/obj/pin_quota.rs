@@ -10,6 +10,7 @@
 //!   (`advise::move_pages`), and gives back what it did not pin in the end;
 //! - every transition that clears a page's pin (UNPIN, device unregistration, FREE, loss)
 //!   uncharges that page at its commit point (`migrate::apply`).
+//!
 //! So `pinned_vm` holds exactly this process's pinned GMEM pages plus, transiently, the
 //! unused part of a PIN in progress.
 

@@ -531,7 +531,7 @@ mod tests {
         }
         // One block of 3 pages (16 bytes each, plus its header) and one leaf of 64 slots.
         let touched = r.metadata_bytes() - untouched;
-        assert!(touched >= 3 * 16 && touched <= 3 * 16 + 64 * 8 + 256);
+        assert!((3 * 16..=3 * 16 + 64 * 8 + 256).contains(&touched));
         assert_eq!(r.touched_from(0), Some(npages - 3));
         assert_eq!(r.touched_from(far), Some(far));
         assert_eq!(r.touched_from(npages), None);

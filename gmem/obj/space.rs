@@ -31,6 +31,9 @@ pub(crate) struct SpaceStats {
     pub(crate) block_locks: AtomicU64,
 }
 
+/// A device's context in a space, with the device it belongs to.
+type CtxSlot = Option<(Arc<Device>, Ctx)>;
+
 #[pin_data(PinnedDrop)]
 pub(crate) struct Space {
     pub(crate) id: u64,
@@ -42,7 +45,7 @@ pub(crate) struct Space {
     regions: MapleTree<Arc<Region>>,
     /// Device contexts by device id.
     #[pin]
-    ctxs: Mutex<[Option<(Arc<Device>, Ctx)>; MAX_DEVICES]>,
+    ctxs: Mutex<[CtxSlot; MAX_DEVICES]>,
     /// Recently migrated pages, for thrashing detection (a leaf lock).
     #[pin]
     pub(crate) thrash: Mutex<Thrash>,
@@ -173,7 +176,7 @@ impl Space {
     /// The region containing `addr`.
     pub(crate) fn region_at(&self, addr: usize) -> Option<Arc<Region>> {
         let mut g = self.regions.lock();
-        g.load(addr).map(|r| Arc::from(r))
+        g.load(addr).map(Arc::from)
     }
 
     pub(crate) fn insert_region(&self, region: Arc<Region>) -> Result {
@@ -196,7 +199,7 @@ impl Space {
     pub(crate) fn next_region(&self, from: usize) -> Option<Arc<Region>> {
         let mut g = self.regions.lock();
         let mut mas = g.ma_state(from, usize::MAX);
-        mas.find(usize::MAX).map(|r| Arc::from(r))
+        mas.find(usize::MAX).map(Arc::from)
     }
 
     /// The context of `dev` in this space, created on first use. A slot may still hold the

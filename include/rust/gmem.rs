@@ -314,6 +314,11 @@ impl<T: Driver> Adapter<T> {
         unsafe { &*ctx.cast::<T::Context>() }
     }
 
+    /// `gmem_dev_ops.ctx_create` of `T`.
+    ///
+    /// # Safety
+    /// Called by gmem only, as `include/linux/gmem.h` documents: `drv` is a live registration
+    /// of `T`, a context argument is one of its live contexts, arrays hold `n` valid entries.
     unsafe extern "C" fn ctx_create(drv: *mut c_void, ctx: *mut *mut c_void) -> c_int {
         // SAFETY: gmem passes our `drv`.
         match unsafe { Self::data(drv) }.ctx_create() {
@@ -327,6 +332,11 @@ impl<T: Driver> Adapter<T> {
         }
     }
 
+    /// `gmem_dev_ops.ctx_destroy` of `T`.
+    ///
+    /// # Safety
+    /// Called by gmem only, as `include/linux/gmem.h` documents: `drv` is a live registration
+    /// of `T`, a context argument is one of its live contexts, arrays hold `n` valid entries.
     unsafe extern "C" fn ctx_destroy(drv: *mut c_void, ctx: *mut c_void) {
         // SAFETY: `ctx` came from `ctx_create` as a pinned box and gmem destroys it once; it
         // was pinned, so it is given back pinned.
@@ -335,6 +345,11 @@ impl<T: Driver> Adapter<T> {
         unsafe { Self::data(drv) }.ctx_destroy(c)
     }
 
+    /// `gmem_dev_ops.map` of `T`.
+    ///
+    /// # Safety
+    /// Called by gmem only, as `include/linux/gmem.h` documents: `drv` is a live registration
+    /// of `T`, a context argument is one of its live contexts, arrays hold `n` valid entries.
     unsafe extern "C" fn map(drv: *mut c_void, ctx: *mut c_void, ptes: *const GmemPte, n: u32) -> c_int {
         if ptes.is_null() || n == 0 {
             return if n == 0 { 0 } else { EINVAL.to_errno() };
@@ -355,18 +370,33 @@ impl<T: Driver> Adapter<T> {
         }
     }
 
+    /// `gmem_dev_ops.unmap` of `T`.
+    ///
+    /// # Safety
+    /// Called by gmem only, as `include/linux/gmem.h` documents: `drv` is a live registration
+    /// of `T`, a context argument is one of its live contexts, arrays hold `n` valid entries.
     unsafe extern "C" fn unmap(drv: *mut c_void, ctx: *mut c_void, va: u64, npages: u64) {
         // SAFETY: gmem passes our `drv` and a live context of ours.
         let (d, c) = unsafe { (Self::data(drv), Self::context(ctx)) };
         d.unmap(c, va, npages)
     }
 
+    /// `gmem_dev_ops.tlb_invalidate` of `T`.
+    ///
+    /// # Safety
+    /// Called by gmem only, as `include/linux/gmem.h` documents: `drv` is a live registration
+    /// of `T`, a context argument is one of its live contexts, arrays hold `n` valid entries.
     unsafe extern "C" fn tlb_invalidate(drv: *mut c_void, ctx: *mut c_void, va: u64, npages: u64) {
         // SAFETY: gmem passes our `drv` and a live context of ours.
         let (d, c) = unsafe { (Self::data(drv), Self::context(ctx)) };
         d.tlb_invalidate(c, va, npages)
     }
 
+    /// `gmem_dev_ops.copy` of `T`.
+    ///
+    /// # Safety
+    /// Called by gmem only, as `include/linux/gmem.h` documents: `drv` is a live registration
+    /// of `T`, a context argument is one of its live contexts, arrays hold `n` valid entries.
     unsafe extern "C" fn copy(drv: *mut c_void, dir: u32, c: *const GmemCopy, n: u32, peer: *mut c_void) -> c_int {
         if n == 0 {
             return 0;
@@ -403,11 +433,21 @@ impl<T: Driver> Adapter<T> {
         }
     }
 
+    /// `gmem_dev_ops.frame_page` of `T`.
+    ///
+    /// # Safety
+    /// Called by gmem only, as `include/linux/gmem.h` documents: `drv` is a live registration
+    /// of `T`, a context argument is one of its live contexts, arrays hold `n` valid entries.
     unsafe extern "C" fn frame_page(drv: *mut c_void, frame: u64) -> *mut bindings::page {
         // SAFETY: gmem passes our `drv`.
         unsafe { Self::data(drv) }.frame_page(Frame(frame)).map_or(core::ptr::null_mut(), |p| p.as_ptr())
     }
 
+    /// `gmem_dev_ops.test_clear_accessed` of `T`.
+    ///
+    /// # Safety
+    /// Called by gmem only, as `include/linux/gmem.h` documents: `drv` is a live registration
+    /// of `T`, a context argument is one of its live contexts, arrays hold `n` valid entries.
     unsafe extern "C" fn test_clear_accessed(drv: *mut c_void, ctx: *mut c_void, va: u64) -> c_int {
         // SAFETY: gmem passes our `drv` and a live context of ours.
         let (d, c) = unsafe { (Self::data(drv), Self::context(ctx)) };

@@ -811,7 +811,7 @@ impl<'p, 's> Worker<'p, 's> {
 
     fn alloc_expect(&self, a: &GmemAlloc) -> Expect {
         let mut errs = Vec::new();
-        if a.size == 0 || a.size % PAGE != 0 {
+        if a.size == 0 || !a.size.is_multiple_of(PAGE) {
             errs.push(libc::EINVAL);
         } else if a.size > GMEM_MAX_ALLOC {
             errs.push(libc::E2BIG);
@@ -1466,7 +1466,14 @@ impl<'p, 's> Worker<'p, 's> {
         let two = matches!(l.kernel, K_COPY | K_AXPY);
         let known = (K_FILL..=K_TOUCH).contains(&l.kernel);
         let flags_ok = l.flags & !libgmem::sim::F_WRITE == 0 && (l.flags == 0 || l.kernel == K_TOUCH);
-        if mutated || !known || !flags_ok || l.len == 0 || l.len % 4 != 0 || l.a % 4 != 0 || (two && l.b % 4 != 0) {
+        if mutated
+            || !known
+            || !flags_ok
+            || l.len == 0
+            || !l.len.is_multiple_of(4)
+            || !l.a.is_multiple_of(4)
+            || (two && !l.b.is_multiple_of(4))
+        {
             return Expect::only(libc::EINVAL);
         }
         let fits = |s: u64| s.checked_add(l.len).and_then(|e| e.checked_add(PAGE - 1)).is_some();
