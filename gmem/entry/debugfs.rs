@@ -8,6 +8,9 @@
 //! - `spaces`: per address space — regions, CPU and device faults, current residency
 //!   (pages nowhere / on host / on each device, pinned, duplicated) and metadata bytes per
 //!   managed page.
+//! - `regions`: per region of every space — its start, size and a run-length residency
+//!   map (`map=d0:512,h:256,-:256`: runs of pages on device 0, on the host, nowhere; `l`
+//!   lost). `gmemctl regions PID` draws it.
 //!
 //! Everything is read from the live objects at read time; nothing is cached here.
 
@@ -31,6 +34,8 @@ pub(crate) struct Debugfs {
     spaces: File<()>,
     #[pin]
     control: File<()>,
+    #[pin]
+    regions: File<()>,
     _dir: Dir,
 }
 
@@ -60,6 +65,7 @@ impl Debugfs {
             devices <- dir.read_callback_file(c"devices", (), &show_devices),
             spaces <- dir.read_callback_file(c"spaces", (), &show_spaces),
             control <- dir.read_write_callback_file(c"control", (), &show_control, &write_control),
+            regions <- dir.read_callback_file(c"regions", (), &show_regions),
             _dir: dir,
         })
     }
@@ -209,6 +215,91 @@ fn show_spaces(_: &(), f: &mut fmt::Formatter<'_>) -> fmt::Result {
             per_page_x100 / 100,
             per_page_x100 % 100
         )?;
+    }
+    Ok(())
+}
+
+/// Where a page is, for the residency map of `regions`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Place {
+    Nowhere,
+    Host,
+    Lost,
+    Dev(u8),
+}
+
+impl Place {
+    fn of(loc: Loc) -> Place {
+        match loc {
+            Loc::None => Place::Nowhere,
+            Loc::Host => Place::Host,
+            Loc::Lost => Place::Lost,
+            Loc::Device(d) => Place::Dev(d),
+        }
+    }
+}
+
+/// A run-length residency map being written: `code:count` runs, comma separated.
+struct Runs {
+    cur: Option<(Place, usize)>,
+    first: bool,
+}
+
+impl Runs {
+    fn add(&mut self, f: &mut fmt::Formatter<'_>, p: Place, n: usize) -> fmt::Result {
+        if n == 0 {
+            return Ok(());
+        }
+        match &mut self.cur {
+            Some((q, m)) if *q == p => *m += n,
+            _ => {
+                self.flush(f)?;
+                self.cur = Some((p, n));
+            }
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Some((p, n)) = self.cur.take() else { return Ok(()) };
+        if !self.first {
+            f.write_str(",")?;
+        }
+        self.first = false;
+        match p {
+            Place::Nowhere => write!(f, "-:{n}"),
+            Place::Host => write!(f, "h:{n}"),
+            Place::Lost => write!(f, "l:{n}"),
+            Place::Dev(d) => write!(f, "d{d}:{n}"),
+        }
+    }
+}
+
+fn show_regions(_: &(), f: &mut fmt::Formatter<'_>) -> fmt::Result {
+    let Ok(spaces) = space::all() else { return writeln!(f, "out of memory") };
+    for s in spaces.iter() {
+        let mut from = 0;
+        while let Some(r) = s.next_region(from) {
+            from = r.end();
+            write!(f, "space{} pid={} start={:#x} pages={} map=", s.id, s.pid, r.start, r.npages)?;
+            let mut runs = Runs { cur: None, first: true };
+            // Untouched blocks have no page states: their pages are nowhere.
+            let mut next = 0;
+            while let Some(block) = r.next_block(next) {
+                let p = block.pages.lock();
+                let range = p.range();
+                runs.add(f, Place::Nowhere, range.start.saturating_sub(next))?;
+                for i in range.clone() {
+                    runs.add(f, Place::of(p.state(i).loc()), 1)?;
+                }
+                next = range.end;
+                drop(p);
+                crate::obj::sched::cond_resched();
+            }
+            runs.add(f, Place::Nowhere, r.npages.saturating_sub(next))?;
+            runs.flush(f)?;
+            writeln!(f)?;
+        }
     }
     Ok(())
 }

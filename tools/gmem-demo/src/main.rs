@@ -194,6 +194,7 @@ fn run() -> Res<()> {
     ensure(o.result == want && o.faults == 0, || "pinned data or faults wrong".into())?;
     all_at(&q, GMEM_LOC_DEVICE, d1, "after PIN")?;
     ensure(q.iter().all(|w| w & GMEM_Q_PINNED != 0), || "pages not pinned".into())?;
+    gmemctl_view(d1)?;
 
     ck(r.advise(GMEM_ADV_UNPIN, GMEM_NO_DEVICE), "UNPIN")?;
     ck(r.advise(GMEM_ADV_DONTNEED, GMEM_NO_DEVICE), "DONTNEED")?;
@@ -219,6 +220,26 @@ fn run() -> Res<()> {
         gone.as_ref().map_or_else(|e| e.to_string(), |_| "it still exists!".into())
     );
     ensure(gone == Err(Errno(libc::ENOENT)), || format!("QUERY after FREE: {gone:?}"))
+}
+
+/// What `gmemctl` (the admin tool) shows at this point: the devices and processes, and
+/// this process's residency map, which must be all on device `d1`.
+fn gmemctl_view(d1: i32) -> Res<()> {
+    let pid = std::process::id().to_string();
+    let run = |args: &[&str]| -> Res<String> {
+        let out =
+            std::process::Command::new("/bin/gmemctl").args(args).output().map_err(|e| format!("gmemctl: {e}"))?;
+        ensure(out.status.success(), || format!("gmemctl {args:?}: {}", out.status))?;
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let status = run(&["status"])?;
+    let map = run(&["regions", &pid, "--width", "32"])?;
+    println!("   `gmemctl status` and `gmemctl regions {pid}` now:");
+    for l in status.lines().chain(map.lines()) {
+        println!("   | {l}");
+    }
+    let bar = format!("[{}]", char::from_digit(d1.unsigned_abs() % 16, 16).unwrap_or('?').to_string().repeat(32));
+    ensure(map.contains(&bar), || format!("gmemctl regions does not show every page on device {d1}"))
 }
 
 fn main() {

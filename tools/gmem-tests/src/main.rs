@@ -14,6 +14,7 @@ mod t_conformance;
 mod t_contract;
 mod t_core;
 mod t_fuzz;
+mod t_gmemctl;
 mod t_gup;
 mod t_limits;
 mod t_overcommit;
@@ -30,6 +31,7 @@ fn all_tests() -> Vec<Test> {
     v.extend(t_advise::tests());
     v.extend(t_block::tests());
     v.extend(t_contract::tests());
+    v.extend(t_gmemctl::tests());
     v.extend(t_bad::tests());
     v.extend(t_overcommit::tests());
     v.extend(t_limits::tests());
