@@ -38,6 +38,7 @@ mod entry {
     pub(crate) mod debugfs;
     pub(crate) mod layout;
     pub(crate) mod registry;
+    pub(crate) mod sysfs;
     pub(crate) mod vm_ops;
 }
 
@@ -70,7 +71,7 @@ mod obj {
     pub(crate) mod wq;
 }
 
-use entry::{chardev, debugfs, layout};
+use entry::{chardev, debugfs, layout, sysfs};
 use obj::{devices, space, wq};
 
 module! {
@@ -89,6 +90,8 @@ struct GmemModule {
     misc: MiscDeviceRegistration<chardev::GmemFile>,
     #[pin]
     debugfs: debugfs::Debugfs,
+    /// `/sys/class/gmem`: registered before any device can be, unregistered last.
+    _sysfs: sysfs::ClassGuard,
 }
 
 #[pinned_drop]
@@ -110,6 +113,7 @@ impl kernel::InPlaceModule for GmemModule {
                 _wq: wq::WqGuard::new()?,
                 misc <- MiscDeviceRegistration::register(MiscDeviceOptions { name: c"gmem" }),
                 debugfs <- debugfs::Debugfs::new(),
+                _sysfs: sysfs::ClassGuard::new()?,
             }))
         })
     }

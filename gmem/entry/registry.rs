@@ -48,6 +48,7 @@ pub(crate) unsafe extern "C" fn gmem_dev_register(
     match r {
         Ok(dev) => {
             pr_info!("device {} registered ({} frames)\n", dev.id, dev.nr_frames);
+            super::sysfs::add(dev.id);
             Arc::into_raw(dev).cast_mut().cast()
         }
         Err(e) => e.to_ptr(),
@@ -64,6 +65,8 @@ pub(crate) unsafe extern "C" fn gmem_dev_unregister(dev: *mut GmemDevHandle) {
     // this is the one call that gives that reference back.
     let dev = unsafe { Arc::<Device>::from_raw(dev.cast::<Device>().cast_const()) };
     dev.kill();
+    // The node goes first: no attribute reads a device that is being emptied.
+    super::sysfs::remove(dev.id);
     evacuate::evacuate_device(&dev);
     let ctxs = dev.quiesce();
     let used = dev.frames_used();

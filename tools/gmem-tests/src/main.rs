@@ -19,6 +19,7 @@ mod t_gup;
 mod t_limits;
 mod t_overcommit;
 mod t_proc;
+mod t_sysfs;
 mod t_unplug;
 
 use harness::Test;
@@ -32,6 +33,7 @@ fn all_tests() -> Vec<Test> {
     v.extend(t_block::tests());
     v.extend(t_contract::tests());
     v.extend(t_gmemctl::tests());
+    v.extend(t_sysfs::tests());
     v.extend(t_bad::tests());
     v.extend(t_overcommit::tests());
     v.extend(t_limits::tests());
