@@ -394,44 +394,37 @@ static int cs_stream(struct cs_run *r, struct gmem_csample_run *a)
 /* GATHER: every address as it is (unaligned within its page, duplicates) goes to gmem. */
 static int cs_gather(struct cs_run *r, struct gmem_csample_run *a)
 {
-	u64 __user *uaddrs = u64_to_user_ptr(a->addrs);
 	u32 __user *uout = u64_to_user_ptr(a->out);
 	struct cs_op o = { .op = GMEM_CSAMPLE_GATHER };
-	u64 k;
-	int err;
+	u64 *addrs, k;
+	int err = 0;
 
+	/* One copy of the list (at most CS_MAX_GATHER entries, checked by cs_shape_ok). */
+	addrs = memdup_array_user(u64_to_user_ptr(a->addrs), a->count, sizeof(*addrs));
+	if (IS_ERR(addrs))
+		return PTR_ERR(addrs);
 	for (k = 0; k < a->count; k++) {
-		u64 va;
-
-		if (get_user(va, &uaddrs[k]))
-			return -EFAULT;
-		if (va % 4)
-			return -EINVAL;
-		err = cs_miss(r, va, false);
-		if (err)
-			return err;
+		if (addrs[k] % 4) {
+			err = -EINVAL;
+			goto out;
+		}
 	}
-	err = cs_flush(r, false);
-	if (err)
-		return err;
-	for (k = 0; k < a->count; k++) {
-		u64 va;
-
+	for (k = 0; k < a->count && !err; k++)
+		err = cs_miss(r, addrs[k], false);
+	if (!err)
+		err = cs_flush(r, false);
+	for (k = 0; k < a->count && !err; k++) {
 		err = cs_checkpoint(r);
-		if (err)
-			return err;
-		if (get_user(va, &uaddrs[k]))
-			return -EFAULT;
-		if (va % 4)
-			return -EINVAL;
-		err = cs_access(r, &o, va, 4);
-		if (err)
-			return err;
-		if (put_user(o.word, &uout[k]))
-			return -EFAULT;
+		if (!err)
+			err = cs_access(r, &o, addrs[k], 4);
+		if (!err && put_user(o.word, &uout[k]))
+			err = -EFAULT;
 	}
-	a->result = a->count;
-	return 0;
+	if (!err)
+		a->result = a->count;
+out:
+	kfree(addrs);
+	return err;
 }
 
 static bool cs_shape_ok(const struct gmem_csample_run *a)

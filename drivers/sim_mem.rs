@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0
 //! The simulated device's memory: a pool of frames (real pages owned by the driver), the
 //! copy engine's page copies, and a scoped CPU mapping of a page with bounds-checked word
-//! access. This file (and `sim_pt::PageTable::page`, which decides which page may be
+//! access. This file (and `sim_pt::PageTable::with_page`, which decides which page may be
 //! mapped) is where the driver touches memory; everything above it is safe code.
 
 use crate::gmem;
@@ -37,13 +37,9 @@ impl Mapped<'_> {
 
     /// The word at byte offset `off` (any alignment); `EINVAL` past the page.
     pub(crate) fn read_u32(&self, off: usize) -> Result<u32> {
-        if off.checked_add(4).is_none_or(|e| e > PAGE_SIZE) {
-            return Err(EINVAL);
-        }
-        // SAFETY: `off + 4 <= PAGE_SIZE`: inside the mapped page (type invariant). The
-        // device's memory may be written by another launch at the same time (as on real
-        // hardware); a raw unaligned read of plain integers is what a device load is.
-        Ok(unsafe { self.addr.add(off).cast::<u32>().read_unaligned() })
+        let mut w = [0u32];
+        self.read_words(off, &mut w)?;
+        Ok(w[0])
     }
 
     /// Reads `out.len()` words from byte offset `off` (any alignment); `EINVAL` past the
@@ -54,8 +50,9 @@ impl Mapped<'_> {
             return Err(EINVAL);
         }
         // SAFETY: `[off, off + n)` lies inside the mapped page (checked; type invariant),
-        // and `out` is `n` bytes of our own memory, distinct from the page. Concurrent
-        // device writes to the page are allowed, as in `read_u32`.
+        // and `out` is `n` bytes of our own memory, distinct from the page. The device's
+        // memory may be written by another launch at the same time (as on real hardware);
+        // a raw copy of plain integers is what a device load is.
         unsafe { core::ptr::copy_nonoverlapping(self.addr.add(off), out.as_mut_ptr().cast::<u8>(), n) };
         Ok(())
     }
@@ -74,12 +71,7 @@ impl Mapped<'_> {
 
     /// Stores `v` at byte offset `off` (any alignment); `EINVAL` past the page.
     pub(crate) fn write_u32(&self, off: usize, v: u32) -> Result {
-        if off.checked_add(4).is_none_or(|e| e > PAGE_SIZE) {
-            return Err(EINVAL);
-        }
-        // SAFETY: as in `read_u32`; the caller's page-table entry allows writes.
-        unsafe { self.addr.add(off).cast::<u32>().write_unaligned(v) };
-        Ok(())
+        self.write_words(off, &[v])
     }
 }
 

@@ -16,6 +16,7 @@
 
 use crate::obj::device::Device;
 use crate::obj::devices::{self, MAX_DEVICES};
+use crate::obj::region::{Pages, Region};
 use crate::obj::space;
 use crate::policy::page_state::Loc;
 use core::fmt;
@@ -141,6 +142,20 @@ fn show_devices(_: &(), f: &mut fmt::Formatter<'_>) -> fmt::Result {
     Ok(())
 }
 
+/// Calls `f` on the page states of each touched block of `r`, in address order, with the
+/// block's lock held (untouched blocks have no states), and yields the CPU between blocks.
+fn touched_blocks(r: &Region, mut f: impl FnMut(&Pages) -> fmt::Result) -> fmt::Result {
+    let mut next = 0;
+    while let Some(block) = r.next_block(next) {
+        let p = block.pages.lock();
+        next = p.range().end;
+        f(&p)?;
+        drop(p);
+        crate::obj::sched::cond_resched();
+    }
+    Ok(())
+}
+
 /// Residency of every page of a space.
 #[derive(Default)]
 struct Census {
@@ -166,10 +181,7 @@ fn show_spaces(_: &(), f: &mut fmt::Formatter<'_>) -> fmt::Result {
             c.metadata += r.metadata_bytes();
             // Pages of untouched blocks are all `Loc::None`; only touched blocks are walked.
             c.none += r.npages;
-            let mut next = 0;
-            while let Some(block) = r.next_block(next) {
-                let p = block.pages.lock();
-                next = p.range().end;
+            touched_blocks(&r, |p| {
                 for i in p.range() {
                     let st = p.state(i);
                     match st.loc() {
@@ -182,9 +194,8 @@ fn show_spaces(_: &(), f: &mut fmt::Formatter<'_>) -> fmt::Result {
                     c.pinned += usize::from(st.pinned());
                     c.duplicated += usize::from(st.dup_mask() != 0);
                 }
-                drop(p);
-                crate::obj::sched::cond_resched();
-            }
+                Ok(())
+            })?;
             c.pages += r.npages;
         }
         write!(
@@ -283,19 +294,17 @@ fn show_regions(_: &(), f: &mut fmt::Formatter<'_>) -> fmt::Result {
             from = r.end();
             write!(f, "space{} pid={} start={:#x} pages={} map=", s.id, s.pid, r.start, r.npages)?;
             let mut runs = Runs { cur: None, first: true };
-            // Untouched blocks have no page states: their pages are nowhere.
+            // Untouched blocks have no page states: their pages (the gaps) are nowhere.
             let mut next = 0;
-            while let Some(block) = r.next_block(next) {
-                let p = block.pages.lock();
+            touched_blocks(&r, |p| {
                 let range = p.range();
                 runs.add(f, Place::Nowhere, range.start.saturating_sub(next))?;
                 for i in range.clone() {
                     runs.add(f, Place::of(p.state(i).loc()), 1)?;
                 }
                 next = range.end;
-                drop(p);
-                crate::obj::sched::cond_resched();
-            }
+                Ok(())
+            })?;
             runs.add(f, Place::Nowhere, r.npages.saturating_sub(next))?;
             runs.flush(f)?;
             writeln!(f)?;
