@@ -67,6 +67,7 @@ mod obj {
     pub(crate) mod region;
     pub(crate) mod sched;
     pub(crate) mod space;
+    pub(crate) mod trace;
     pub(crate) mod tune;
     pub(crate) mod wq;
 }

@@ -23,6 +23,7 @@ use crate::abi::{GmemDevHandle, GmemDevOps, GmemDevProps, GmemSpaceHandle, GMEM_
 use crate::mech::{evacuate, fault};
 use crate::obj::device::{CDriver, Device};
 use crate::obj::devices;
+use crate::obj::trace;
 use crate::obj::space::{self, Space};
 use crate::policy::batch;
 use kernel::{
@@ -69,6 +70,8 @@ pub(crate) unsafe extern "C" fn gmem_dev_unregister(dev: *mut GmemDevHandle) {
     super::sysfs::remove(dev.id);
     evacuate::evacuate_device(&dev);
     let ctxs = dev.quiesce();
+    let g = |c: &core::sync::atomic::AtomicU64| c.load(core::sync::atomic::Ordering::Relaxed);
+    trace::unregister(dev.id, ctxs, g(&dev.stats.evacuated), g(&dev.stats.lost));
     let used = dev.frames_used();
     if used == 0 {
         drop(devices::remove(dev.id));
@@ -174,7 +177,11 @@ pub(crate) unsafe extern "C" fn gmem_dev_fault(
         let k = batch::coalesce(&mut v);
         // SAFETY: live handles by the caller's contract.
         let (dev, space) = unsafe { (device_of(dev), from_handle(space)) };
-        fault::device_fault(&dev, space, &v[..k], access & GMEM_ACCESS_WRITE != 0)
+        let t0 = fault::now_ns();
+        let r = fault::device_fault(&dev, space, &v[..k], access & GMEM_ACCESS_WRITE != 0);
+        let err = r.as_ref().err().map_or(0, |e| e.to_errno());
+        trace::dev_fault(dev.id, space.id, k, fault::now_ns().saturating_sub(t0), err);
+        r
     })();
     match r {
         Ok(()) => 0,

@@ -15,6 +15,7 @@ use crate::obj::devices;
 use crate::obj::host_page::HostPage;
 use crate::obj::region::{devices_in, Pages, Region, PAGE_SIZE};
 use crate::obj::space::Space;
+use crate::obj::trace;
 use crate::policy::evict::{F_CLEAN, F_LENT, F_PINNED, F_REF};
 use crate::policy::frames::CHUNK_FRAMES;
 use crate::policy::page_state::{Actions, Copy, Loc, PageState, Refused, MAX_DEVICES};
@@ -269,6 +270,7 @@ fn copy_batch(p: &Pages, steps: &[Step], fresh: &[Fresh], devs: &mut Devs) -> Re
         };
         DevStats::add(stat, pages.len() as u64);
         DevStats::add(&src.stats.copy_calls, 1);
+        trace::migrate(dir, src.id, (dir == GMEM_COPY_D2D).then_some(usize::from(to)), pages.len());
         let sops = src.ops().ok_or(ENODEV)?;
         if dir == GMEM_COPY_D2D {
             let dst = devs.get(to)?.clone();

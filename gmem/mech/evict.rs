@@ -22,7 +22,7 @@ use crate::exec::migrate::{self, Env};
 use crate::obj::device::{Ctx, DevStats, Device, DeviceOps, Owner, F_PREFERRED_SPARED};
 use crate::obj::region::Region;
 use crate::obj::region::{adv, ADVICE_RUNS};
-use crate::obj::{devices, tune};
+use crate::obj::{devices, trace, tune};
 use crate::policy::evict::F_LENT;
 use crate::policy::evict::{reclaim_target, F_REF};
 use crate::policy::page_state::Target;
@@ -87,28 +87,32 @@ fn evict_step(
     Some(Step { i, prev: s, next, a })
 }
 
-/// Counts an evicted page by where it went; a page parked on `peer` is recorded there as
-/// lent (the lender reclaims parked frames first). Returns whether it was parked.
+/// Counts an evicted page by where it went, in the device's counters and in `tally`
+/// (to host, to a peer, clean: the batch's trace event); a page parked on `peer` is
+/// recorded there as lent (the lender reclaims parked frames first). Returns whether it
+/// was parked.
 fn note_evicted(
     dev: &Device,
     peer: &Option<Arc<Device>>,
     region: &Arc<Region>,
     p: &crate::obj::region::Pages,
     st: &Step,
+    tally: &mut [u32; 3],
 ) -> bool {
-    let (c, parked) = match st.a.copy {
-        _ if st.prev.loc() != Loc::Device(dev.id as u8) => (&dev.stats.evicted_clean, false),
+    let (c, k, parked) = match st.a.copy {
+        _ if st.prev.loc() != Loc::Device(dev.id as u8) => (&dev.stats.evicted_clean, 2, false),
         Copy::D2D { to, .. } => {
             let lender = peer.as_ref().filter(|peer| peer.id as u8 == to);
             if let Some(peer) = lender {
                 peer.set_owner(p.frame(st.i), Owner { region: region.clone(), page: st.i as u32 }, F_LENT, 0);
             }
-            (&dev.stats.evicted_to_peer, lender.is_some())
+            (&dev.stats.evicted_to_peer, 1, lender.is_some())
         }
-        Copy::None => (&dev.stats.evicted_clean, false),
-        _ => (&dev.stats.evicted_to_host, false),
+        Copy::None => (&dev.stats.evicted_clean, 2, false),
+        _ => (&dev.stats.evicted_to_host, 0, false),
     };
     DevStats::add(c, 1);
+    tally[k] = tally[k].saturating_add(1);
     parked
 }
 
@@ -135,6 +139,7 @@ fn evict_pages(
     }
     let env = Env::background(region);
     let (mut freed, mut from, mut parked, mut host_full) = (0, 0, false, false);
+    let mut tally = [0u32; 3];
     // First as planned; if a step fails (the peer filled up meanwhile, say), it and the
     // rest go to the host in a second batch.
     for with_peer in [true, false] {
@@ -148,7 +153,7 @@ fn evict_pages(
         }
         let out = migrate::apply_batch(&env, p, &steps[from..]);
         for st in &steps[from..from + out.done] {
-            parked |= note_evicted(dev, peer, region, p, st);
+            parked |= note_evicted(dev, peer, region, p, st, &mut tally);
         }
         freed += out.done;
         from += out.done;
@@ -160,6 +165,9 @@ fn evict_pages(
             Err(_) if with_peer && from < steps.len() => continue,
             _ => break,
         }
+    }
+    if tally != [0; 3] {
+        trace::evict(dev.id, tally[0], tally[1], tally[2]);
     }
     if let (true, Some(peer)) = (parked, peer) {
         // The lender makes host copies of parked pages in the background.

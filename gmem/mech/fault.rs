@@ -12,7 +12,7 @@ use crate::mech::prefetch;
 use crate::obj::device::{DevStats, Device};
 use crate::obj::region::{adv, Pages, Region, ADVICE_RUNS};
 use crate::obj::space::{Space, Thrash};
-use crate::obj::tune;
+use crate::obj::{trace, tune};
 use crate::policy::batch;
 use crate::policy::page_state::{transition, Actions, Copy, Event, Loc, PageState, Refused, Target};
 use crate::policy::range::AdviceMap;
@@ -76,6 +76,12 @@ pub(crate) fn cpu_fault(
     // A lone page (no fault-around) needs no allocation.
     let steps: &mut [migrate::Step] = if steps.is_empty() { &mut one } else { &mut steps };
     let out = migrate::apply_batch(&Env::access(region, None), &mut p, steps);
+    let from = match s.loc() {
+        Loc::Device(d) => Some(d),
+        _ => None,
+    };
+    let err = if out.done > at { 0 } else { out.res.as_ref().err().map_or(EFAULT.to_errno(), |e| e.to_errno()) };
+    trace::cpu_fault(region.space.id, addr, write, from, out.done, err);
     if out.done <= at {
         // The faulting page was not moved (the batch stopped at or before it).
         return Err(out.res.err().unwrap_or(EFAULT));
@@ -194,6 +200,9 @@ pub(crate) fn record_moves(dev: Option<&Device>, space: &Space, r: &Region, step
     }
     if let Some(dev) = dev {
         DevStats::add(&dev.stats.thrash_events, hits);
+        if hits != 0 {
+            trace::thrash(dev.id, hits, throttle);
+        }
     }
     throttle
 }

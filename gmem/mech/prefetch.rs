@@ -11,7 +11,7 @@
 use crate::exec::migrate::{self, Env, Step};
 use crate::obj::device::{DevStats, Device, F_PREFETCHED};
 use crate::obj::region::{Pages, Region, PAGE_SIZE};
-use crate::obj::tune;
+use crate::obj::{trace, tune};
 use crate::policy::page_state::{transition, Actions, Event, Loc, Target};
 use crate::policy::prefetch::{density, BLOCK_PAGES};
 use core::sync::atomic::Ordering::Relaxed;
@@ -68,6 +68,9 @@ pub(crate) fn on_fault(dev: &Arc<Device>, r: &Arc<Region>, vma: Option<&VmaRef>,
         }
     }
     DevStats::add(&dev.stats.prefetched, n);
+    if n != 0 {
+        trace::prefetch(dev.id, n);
+    }
 }
 
 /// CPU fault-around: the pages of page `i`'s 2 MiB block that a CPU fault on `i` brings

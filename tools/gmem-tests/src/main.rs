@@ -20,6 +20,7 @@ mod t_limits;
 mod t_overcommit;
 mod t_proc;
 mod t_sysfs;
+mod t_trace;
 mod t_unplug;
 
 use harness::Test;
@@ -34,6 +35,7 @@ fn all_tests() -> Vec<Test> {
     v.extend(t_contract::tests());
     v.extend(t_gmemctl::tests());
     v.extend(t_sysfs::tests());
+    v.extend(t_trace::tests());
     v.extend(t_bad::tests());
     v.extend(t_overcommit::tests());
     v.extend(t_limits::tests());

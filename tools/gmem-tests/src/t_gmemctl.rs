@@ -120,8 +120,31 @@ fn refuses_bad_input() -> TestResult {
     Ok(())
 }
 
+fn trace_summarizes_a_workload() -> TestResult {
+    let (g, s) = open()?;
+    let child = Command::new(GMEMCTL)
+        .args(["trace", "--iterations", "1", "--interval", "3", "--json"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    // Give it time to switch the events on, then run 128 pages through device 0.
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    let r = ok!(g.alloc(128 * 4096));
+    ok!(s.fill(r.addr, r.len as u64, 4));
+    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    ensure!(out.status.success(), "gmemctl trace: {}", out.status);
+    let doc: Value = serde_json::from_slice(&out.stdout).map_err(|e| format!("not JSON ({e})"))?;
+    let d0 = &doc["devices"]["0"];
+    let moved = d0["zeroed"].as_i64().unwrap_or(0) + d0["h2d"].as_i64().unwrap_or(0);
+    ensure!(d0["fault_batches"].as_u64().is_some_and(|b| b >= 1) && moved >= 128, "device 0 in the summary: {d0}");
+    let on = std::fs::read_to_string("/sys/kernel/tracing/events/gmem/enable").map_err(|e| e.to_string())?;
+    ensure!(on.trim() == "0", "gmemctl trace left the events on ({on:?})");
+    Ok(())
+}
+
 pub fn tests() -> Vec<Test> {
     vec![
+        Test { name: "gmemctl_trace_summarizes_a_workload", f: trace_summarizes_a_workload },
         Test { name: "gmemctl_regions_map_equals_query", f: regions_map_equals_query },
         Test { name: "gmemctl_status_reports_devices_and_this_process", f: status_reports_devices_and_this_process },
         Test { name: "gmemctl_top_refreshes_with_rates", f: top_refreshes_with_rates },

@@ -41,6 +41,20 @@ enum Cmd {
         #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..=1024))]
         width: u16,
     },
+    /// A live summary of gmem's trace events (tracefs events/gmem): per interval and device,
+    /// fault batches and pages with their mean service time, pages migrated each way,
+    /// prefetched and evicted, thrashing verdicts, and CPU faults and unregistrations.
+    ///
+    /// The events are switched on while it runs and off when it ends (also on Ctrl-C).
+    /// It reads the shared trace buffer: run one at a time.
+    Trace {
+        /// Seconds per summary.
+        #[arg(long, default_value_t = 1.0)]
+        interval: f64,
+        /// Stop after this many summaries (default: run until interrupted).
+        #[arg(long)]
+        iterations: Option<u64>,
+    },
     /// A refreshing view of `status`, with rates per second of faults and migrations.
     Top {
         /// Seconds between refreshes.
@@ -305,6 +319,159 @@ fn top(interval: f64, iterations: Option<u64>, json: bool) -> Result<(), String>
     }
 }
 
+/// One device's events in one interval.
+#[derive(Serialize, Default)]
+struct DevTrace {
+    fault_batches: u64,
+    fault_pages: i64,
+    fault_mean_us: f64,
+    h2d: i64,
+    d2h: i64,
+    d2d: i64,
+    zeroed: i64,
+    prefetched: i64,
+    evicted_to_host: i64,
+    evicted_to_peer: i64,
+    evicted_clean: i64,
+    thrash_held: i64,
+}
+
+/// One interval's summary.
+#[derive(Serialize, Default)]
+struct TraceSummary {
+    seconds: f64,
+    devices: BTreeMap<i64, DevTrace>,
+    cpu_faults: u64,
+    cpu_fault_pages: i64,
+    /// (device, pages evacuated, pages lost) of each unregistration.
+    unregistered: Vec<(i64, i64, i64)>,
+}
+
+fn summarize(ev: &[libgmem::trace::Event], seconds: f64) -> TraceSummary {
+    let mut s = TraceSummary { seconds, ..Default::default() };
+    let mut fault_ns: BTreeMap<i64, i64> = BTreeMap::new();
+    for e in ev {
+        let n = |k: &str| e.num.get(k).copied().unwrap_or(0);
+        if e.name == "cpu_fault" {
+            s.cpu_faults += 1;
+            s.cpu_fault_pages += n("pages");
+            continue;
+        }
+        if e.name == "unregister" {
+            s.unregistered.push((n("dev"), n("evacuated"), n("lost")));
+            continue;
+        }
+        let d = s.devices.entry(n("dev")).or_default();
+        match (e.name.as_str(), e.text.get("dir").map(String::as_str)) {
+            ("dev_fault", _) => {
+                d.fault_batches += 1;
+                d.fault_pages += n("pages");
+                *fault_ns.entry(n("dev")).or_default() += n("ns");
+            }
+            ("migrate", Some("h2d")) => d.h2d += n("pages"),
+            ("migrate", Some("d2h")) => d.d2h += n("pages"),
+            ("migrate", Some("d2d")) => d.d2d += n("pages"),
+            ("migrate", Some("zero")) => d.zeroed += n("pages"),
+            ("prefetch", _) => d.prefetched += n("pages"),
+            ("evict", _) => {
+                d.evicted_to_host += n("to_host");
+                d.evicted_to_peer += n("to_peer");
+                d.evicted_clean += n("clean");
+            }
+            ("thrash", _) => d.thrash_held += n("held"),
+            _ => {}
+        }
+    }
+    for (dev, ns) in fault_ns {
+        if let Some(d) = s.devices.get_mut(&dev) {
+            d.fault_mean_us = ns as f64 / 1000.0 / d.fault_batches.max(1) as f64;
+        }
+    }
+    s
+}
+
+/// Set by SIGINT/SIGTERM: `trace` stops and switches the events off.
+static STOP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn on_stop(_: libc::c_int) {
+    STOP.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+fn trace_summary(interval: f64, iterations: Option<u64>, json: bool) -> Result<(), String> {
+    use libgmem::trace;
+    if !(interval.is_finite() && interval > 0.0) {
+        return Err("--interval must be a positive number of seconds".into());
+    }
+    trace::dir().map_err(|e| format!("tracefs: {e}"))?;
+    // SAFETY: installing an async-signal-safe handler (one atomic store).
+    unsafe {
+        libc::signal(libc::SIGINT, on_stop as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGTERM, on_stop as *const () as libc::sighandler_t);
+    }
+    trace::clear().and_then(|_| trace::enable(true)).map_err(|e| format!("tracefs: {e}"))?;
+    let r = (|| -> Result<(), String> {
+        let mut n = 0u64;
+        while !STOP.load(std::sync::atomic::Ordering::Relaxed) {
+            // Sleep in slices so that Ctrl-C is noticed promptly.
+            let t0 = std::time::Instant::now();
+            while t0.elapsed().as_secs_f64() < interval && !STOP.load(std::sync::atomic::Ordering::Relaxed) {
+                std::thread::sleep(
+                    std::time::Duration::from_millis(50).min(std::time::Duration::from_secs_f64(interval)),
+                );
+            }
+            let ev = trace::read().map_err(|e| e.to_string())?;
+            trace::clear().map_err(|e| e.to_string())?;
+            let s = summarize(&ev, t0.elapsed().as_secs_f64());
+            if json {
+                println!("{}", serde_json::to_string(&s).map_err(|e| e.to_string())?);
+            } else {
+                println!(
+                    "{:.1} s: {} CPU faults ({} pages); unregistered {:?}",
+                    s.seconds, s.cpu_faults, s.cpu_fault_pages, s.unregistered
+                );
+                println!(
+                    "{:>4} {:>8} {:>8} {:>10} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
+                    "dev",
+                    "batches",
+                    "pages",
+                    "mean us",
+                    "h2d",
+                    "d2h",
+                    "d2d",
+                    "zeroed",
+                    "prefetch",
+                    "ev.host",
+                    "ev.peer",
+                    "thrash"
+                );
+                for (id, d) in &s.devices {
+                    println!(
+                        "{id:>4} {:>8} {:>8} {:>10.1} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
+                        d.fault_batches,
+                        d.fault_pages,
+                        d.fault_mean_us,
+                        d.h2d,
+                        d.d2h,
+                        d.d2d,
+                        d.zeroed,
+                        d.prefetched,
+                        d.evicted_to_host,
+                        d.evicted_to_peer,
+                        d.thrash_held
+                    );
+                }
+            }
+            n += 1;
+            if iterations.is_some_and(|k| n >= k) {
+                break;
+            }
+        }
+        Ok(())
+    })();
+    let off = trace::enable(false).map_err(|e| format!("tracefs: {e}"));
+    r.and(off)
+}
+
 fn main() {
     let cli = Cli::parse();
     let r = match cli.cmd {
@@ -318,6 +485,7 @@ fn main() {
         }),
         Cmd::Regions { pid, width } => regions(pid, width, cli.json),
         Cmd::Top { interval, iterations } => top(interval, iterations, cli.json),
+        Cmd::Trace { interval, iterations } => trace_summary(interval, iterations, cli.json),
     };
     if let Err(e) = r {
         eprintln!("gmemctl: {e}");
@@ -350,6 +518,25 @@ mod tests {
         assert_eq!(s.totals["d1"], 3);
         assert_eq!(s.runs.len(), 3);
         assert_eq!(s.bar, "11h1");
+    }
+
+    #[test]
+    fn trace_summary_adds_up_per_device() {
+        let ev = libgmem::trace::parse(concat!(
+            "t-1 [0] . 1.0: gmem_dev_fault: dev=0 space=1 pages=256 ns=2000 err=0\n",
+            "t-1 [0] . 1.1: gmem_dev_fault: dev=0 space=1 pages=44 ns=4000 err=0\n",
+            "t-1 [0] . 1.2: gmem_migrate: dir=zero dev=0 peer=-1 pages=300 bytes=1228800\n",
+            "t-1 [0] . 1.3: gmem_migrate: dir=d2d dev=0 peer=1 pages=7 bytes=28672\n",
+            "t-1 [0] . 1.4: gmem_evict: dev=1 to_host=3 to_peer=0 clean=2\n",
+            "t-1 [0] . 1.5: gmem_cpu_fault: space=1 addr=0x10 write=0 from=0 pages=16 err=0\n",
+            "t-1 [0] . 1.6: gmem_unregister: dev=1 contexts=1 evacuated=5 lost=0\n",
+        ));
+        let s = summarize(&ev, 1.0);
+        let d0 = &s.devices[&0];
+        assert_eq!((d0.fault_batches, d0.fault_pages, d0.zeroed, d0.d2d), (2, 300, 300, 7));
+        assert!((d0.fault_mean_us - 3.0).abs() < 1e-9);
+        assert_eq!((s.devices[&1].evicted_to_host, s.devices[&1].evicted_clean), (3, 2));
+        assert_eq!((s.cpu_faults, s.cpu_fault_pages, s.unregistered.clone()), (1, 16, vec![(1, 5, 0)]));
     }
 
     #[test]

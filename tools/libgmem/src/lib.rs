@@ -11,6 +11,7 @@ use std::os::fd::AsRawFd;
 pub mod csample;
 pub mod debugfs;
 pub mod sim;
+pub mod trace;
 pub mod uapi;
 pub use uapi::*;
 
