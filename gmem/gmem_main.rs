@@ -33,6 +33,7 @@ mod policy;
 /// Entry points (top layer).
 mod entry {
     pub(crate) mod advise;
+    pub(crate) mod cgroup;
     pub(crate) mod chardev;
     pub(crate) mod control;
     pub(crate) mod debugfs;
@@ -61,6 +62,7 @@ mod exec {
 mod obj {
     pub(crate) mod device;
     pub(crate) mod devices;
+    pub(crate) mod dmem;
     pub(crate) mod host_page;
     pub(crate) mod meta;
     pub(crate) mod pin_quota;

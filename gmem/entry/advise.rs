@@ -266,14 +266,17 @@ fn move_range(
                 i = steps[out.done].i;
                 match out.res {
                     Err(e) if e == ENOSPC => {
-                        // The device is full: evict (without the block lock), then retry.
+                        // The device is full, or the owner's dmem cgroup at its limit there: evict
+                        // (within that cgroup; without the block lock), then retry.
                         let acts = steps[out.done].a;
                         drop(p);
                         retries = if out.done > 0 { 1 } else { retries + 1 };
                         if retries > 64 {
                             return Err(ENOMEM);
                         }
-                        crate::mech::evict::make_room_for(&acts, 64, crate::mech::evict::Why::Advice)?;
+                        let within =
+                            out.limit.as_ref().map(|limit| crate::mech::evict::Within { limit, mm: Some(space.mm()) });
+                        crate::mech::evict::make_room_for(&acts, 64, crate::mech::evict::Why::Advice, within)?;
                         p = region.lock(&block);
                         continue;
                     }

@@ -13,7 +13,8 @@
 //!    on a page, which then becomes *lost* (holds nothing; accesses fail; counted, logged).
 //! 3. `quiesce`: refuse new callback sections, wait for the running ones, destroy every
 //!    context of the device (also those of spaces only a driver still references).
-//! 4. Forget the id — only if no frame of the device is in use any more. Otherwise (a bug:
+//! 4. Unregister the device's dmem cgroup region (waiting for its reclaim callbacks).
+//! 5. Forget the id — only if no frame of the device is in use any more. Otherwise (a bug:
 //!    some page was missed) the id stays reserved by the dead device forever, so that no
 //!    page state can ever resolve to a new device under the old id.
 //!
@@ -23,8 +24,8 @@ use crate::abi::{GmemDevHandle, GmemDevOps, GmemDevProps, GmemSpaceHandle, GMEM_
 use crate::mech::{evacuate, fault};
 use crate::obj::device::{CDriver, Device};
 use crate::obj::devices;
-use crate::obj::trace;
 use crate::obj::space::{self, Space};
+use crate::obj::trace;
 use crate::policy::batch;
 use kernel::{
     ffi::c_int,
@@ -70,6 +71,8 @@ pub(crate) unsafe extern "C" fn gmem_dev_unregister(dev: *mut GmemDevHandle) {
     super::sysfs::remove(dev.id);
     evacuate::evacuate_device(&dev);
     let ctxs = dev.quiesce();
+    // No frame is charged any more (evacuated); waits for a running reclaim callback.
+    dev.dmem.unregister();
     let g = |c: &core::sync::atomic::AtomicU64| c.load(core::sync::atomic::Ordering::Relaxed);
     trace::unregister(dev.id, ctxs, g(&dev.stats.evacuated), g(&dev.stats.lost));
     let used = dev.frames_used();

@@ -12,6 +12,7 @@ use crate::abi::{GmemCopy, GmemPte, GMEM_COPY_D2D, GMEM_COPY_D2H, GMEM_COPY_H2D,
 use crate::abi::{GMEM_PROT_READ, GMEM_PROT_WRITE, GMEM_PTE_2M};
 use crate::obj::device::{self as devmod, DevStats, Device, DeviceOps, FrameOp, Owner, F_PREFETCHED};
 use crate::obj::devices;
+use crate::obj::dmem::{Charge, Limit};
 use crate::obj::host_page::HostPage;
 use crate::obj::region::{devices_in, Pages, Region, PAGE_SIZE};
 use crate::obj::space::Space;
@@ -77,9 +78,19 @@ pub(crate) struct Step {
 /// What [`apply_batch`] did: the first `done` steps were committed (the others left
 /// untouched); `res` is the error that stopped the rest, or, with every step committed,
 /// a failure to install the new device mappings (the pages are valid, merely unmapped).
+/// When `res` is `ENOSPC` because the owner's dmem cgroup is at its limit on a device
+/// (rather than the device being full), `limit` is that cgroup's pool: eviction must then
+/// free frames charged within it.
 pub(crate) struct Outcome {
     pub(crate) done: usize,
     pub(crate) res: Result,
+    pub(crate) limit: Option<Limit>,
+}
+
+impl Outcome {
+    fn failed(e: Error) -> Self {
+        Outcome { done: 0, res: Err(e), limit: None }
+    }
 }
 
 /// What step 1 allocated for one page.
@@ -106,14 +117,17 @@ impl Devs {
     }
 }
 
-/// Frames handed out to a batch: taken from each device's pool in one go (one pool lock
-/// per device and batch) and given to the steps in order; what is left goes back.
+/// Frames handed out to a batch: charged to the owner's dmem cgroup and taken from each
+/// device's pool in one go (one pool lock per device and batch), then given to the steps
+/// in order; what is left goes back. A device whose charges stopped at a cgroup limit
+/// keeps that limit, for the caller's eviction.
 struct FrameSupply {
     frames: [KVec<u32>; MAX_DEVICES],
+    limits: [Option<Limit>; MAX_DEVICES],
 }
 
 impl FrameSupply {
-    fn new(devs: &mut Devs, p: &Pages, steps: &[Step]) -> Self {
+    fn new(devs: &mut Devs, space: &Space, p: &Pages, steps: &[Step]) -> Self {
         let mut want = [0usize; MAX_DEVICES];
         for st in steps {
             if let Some(d) = st.a.alloc_frame {
@@ -122,7 +136,7 @@ impl FrameSupply {
                 }
             }
         }
-        let mut sup = FrameSupply { frames: Default::default() };
+        let mut sup = FrameSupply { frames: Default::default(), limits: Default::default() };
         for (d, &w) in want.iter().enumerate() {
             if w == 0 {
                 continue;
@@ -133,6 +147,15 @@ impl FrameSupply {
             // miss it. A shortfall shows as ENOSPC/ENODEV per step.
             if let Ok(dev) = devs.get(d as u8) {
                 if dev.alive() {
+                    // Charges first: as many frames as the cgroup allows, and no more than
+                    // the pool has free (so that a full device does not charge phantom
+                    // frames); each frame takes one, the ones left are given back on drop.
+                    let mut charges: KVec<Charge> = KVec::new();
+                    let room = usize::try_from(dev.frames_free_hint()).unwrap_or(usize::MAX);
+                    let limit = match dev.dmem.charge(space.mm(), core::cmp::min(w, room), &mut charges) {
+                        Ok(limit) => limit,
+                        Err(_) => continue,
+                    };
                     let r = p.range();
                     if dev.maps_2m() && r.len() == BATCH_PAGES {
                         // Place the block's pages in one aligned chunk where possible, so
@@ -141,9 +164,14 @@ impl FrameSupply {
                             .iter()
                             .filter(|st| st.a.alloc_frame == Some(d as u8))
                             .map(|st| (st.i - r.start) as u64);
-                        let _ = dev.alloc_placed(chunk_of(p, d as u8), offs, w, &mut sup.frames[d]);
+                        let _ = dev.alloc_placed(chunk_of(p, d as u8), offs, &mut charges, &mut sup.frames[d]);
                     } else {
-                        let _ = dev.alloc_frames(w, &mut sup.frames[d]);
+                        let _ = dev.alloc_frames(&mut charges, &mut sup.frames[d]);
+                    }
+                    // The cgroup is what stopped the batch only if every charge got its
+                    // frame; otherwise the device is full, and eviction is device-wide.
+                    if charges.is_empty() {
+                        sup.limits[d] = limit;
                     }
                     // Handed out front to back.
                     sup.frames[d].reverse();
@@ -151,6 +179,11 @@ impl FrameSupply {
             }
         }
         sup
+    }
+
+    /// The cgroup limit that left device `d` short, if that is what did.
+    fn limit(&mut self, d: u8) -> Option<Limit> {
+        self.limits.get_mut(d as usize).and_then(Option::take)
     }
 
     fn take(&mut self, devs: &mut Devs, d: u8) -> Result<u32> {
@@ -320,7 +353,7 @@ pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outco
     let mut big: KVec<Fresh> = KVec::new();
     if steps.len() > SMALL {
         if let Err(e) = big.extend_with(steps.len(), Fresh::default(), GFP_KERNEL) {
-            return Outcome { done: 0, res: Err(e.into()) };
+            return Outcome::failed(e.into());
         }
     }
     let fresh: &mut [Fresh] = if steps.len() > SMALL { &mut big } else { &mut small[..steps.len()] };
@@ -328,13 +361,14 @@ pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outco
     let dups_needed =
         steps.iter().filter(|st| st.a.alloc_frame.is_some_and(|d| st.next.loc() != Loc::Device(d))).count();
     if let Err(e) = p.dups.reserve(dups_needed) {
-        return Outcome { done: 0, res: Err(e) };
+        return Outcome::failed(e);
     }
     let space = &env.region.space;
 
     // 1. Allocation.
-    let mut supply = FrameSupply::new(&mut devs, p, steps);
+    let mut supply = FrameSupply::new(&mut devs, space, p, steps);
     let mut stop = Ok(());
+    let mut limit = None;
     for st in steps {
         let i = st.i;
         let mut f = Fresh::default();
@@ -361,6 +395,9 @@ pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outco
                 Ok(fr) => f.frame = Some((d, fr)),
                 Err(e) => {
                     undo(p, i, &f, &mut devs);
+                    if e == ENOSPC {
+                        limit = supply.limit(d);
+                    }
                     stop = Err(e);
                     break;
                 }
@@ -373,7 +410,7 @@ pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outco
     let steps = &steps[..nfresh];
     let fresh = &fresh[..nfresh];
     if steps.is_empty() {
-        return Outcome { done: 0, res: stop };
+        return Outcome { done: 0, res: stop, limit };
     }
     // Room for step 5's frame updates, so that nothing after the copy can fail; taken with
     // the other allocations, so that failing here still changes nothing.
@@ -382,7 +419,7 @@ pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outco
         for (st, f) in steps.iter().zip(fresh.iter()) {
             undo(p, st.i, f, &mut devs);
         }
-        return Outcome { done: 0, res: Err(e.into()) };
+        return Outcome::failed(e.into());
     }
 
     // 2. Revoke CPU mappings (before the copy, see the module documentation).
@@ -433,7 +470,7 @@ pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outco
         for (st, f) in steps.iter().zip(fresh.iter()) {
             undo(p, st.i, f, &mut devs);
         }
-        return Outcome { done: 0, res: Err(e) };
+        return Outcome::failed(e);
     }
 
     // 5. Release the old placement, commit.
@@ -468,7 +505,7 @@ pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outco
             res = Err(e);
         }
     }
-    Outcome { done: steps.len(), res }
+    Outcome { done: steps.len(), res, limit }
 }
 
 /// Frame updates one step's commit makes: the old owner frame, its duplicates, and the

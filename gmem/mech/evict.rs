@@ -13,6 +13,11 @@
 //! - When: on demand from the fault path (counted as a *fault wait*), and in the
 //!   background between the low and high watermarks (*pre-eviction*). The background pass
 //!   also writes parked victims back to host so that the lender can drop them instantly.
+//! - Whose: any frame when the device is full; only frames charged within a dmem cgroup
+//!   pool when that cgroup is at its `dmem.max` (a fault or advice of its process, or the
+//!   controller's reclaim callback when the limit is lowered): a cgroup at its limit evicts
+//!   its own pages and never takes another cgroup's frames. `dmem.min` and `dmem.low` are
+//!   honoured within the cgroup (`low` only until nothing else is left).
 //!
 //! Lock order: `Device::evict_lock` -> a block's pages (`Block::pages`) -> `Space::ctxs` -> `Device::frames`.
 //! Eviction never runs with a block lock held by its caller.
@@ -20,6 +25,7 @@
 use crate::exec::migrate::Step;
 use crate::exec::migrate::{self, Env};
 use crate::obj::device::{Ctx, DevStats, Device, DeviceOps, Owner, F_PREFERRED_SPARED};
+use crate::obj::dmem::Limit;
 use crate::obj::region::Region;
 use crate::obj::region::{adv, ADVICE_RUNS};
 use crate::obj::{devices, trace, tune};
@@ -29,6 +35,7 @@ use crate::policy::page_state::Target;
 use crate::policy::page_state::{transition, Actions, Copy, Event, Loc};
 use crate::policy::range::AdviceMap;
 use core::sync::atomic::Ordering::Relaxed;
+use kernel::mm::Mm;
 use kernel::{prelude::*, sync::Arc, workqueue::WorkItem};
 
 /// Why frames are being freed (for the counters).
@@ -40,6 +47,8 @@ pub(crate) enum Why {
     Advice,
     /// The background worker keeps the pool between its watermarks.
     Background,
+    /// The dmem controller lowered a cgroup's limit below its use (reclaim callback).
+    Reclaim,
 }
 
 /// A peer that can take a victim without touching its own reserve.
@@ -208,9 +217,25 @@ fn spare(
     false
 }
 
-/// Evicts the victim `frame` and its cold 2 MiB neighbours; returns frames freed, or
-/// `ENOMEM` (with the count so far lost to the caller's early stop) when the host is full.
-fn evict_victim(dev: &Device, frame: u32, who: &Owner, peer: &Option<Arc<Device>>, budget: usize) -> Result<usize> {
+/// Eviction within a dmem cgroup at its limit: the pool, and the process whose allocation
+/// hit it (for a trial charge: has room appeared meanwhile?); none for the reclaim callback.
+#[derive(Clone, Copy)]
+pub(crate) struct Within<'a> {
+    pub(crate) limit: &'a Limit,
+    pub(crate) mm: Option<&'a Mm>,
+}
+
+/// Evicts the victim `frame` and its cold 2 MiB neighbours (with `limit`, only those
+/// charged within it); returns frames freed, or `ENOMEM` (with the count so far lost to
+/// the caller's early stop) when the host is full.
+fn evict_victim(
+    dev: &Device,
+    frame: u32,
+    who: &Owner,
+    peer: &Option<Arc<Device>>,
+    budget: usize,
+    limit: Option<&Limit>,
+) -> Result<usize> {
     let region = &who.region;
     let i = who.page as usize;
     // A page that holds a frame has a block.
@@ -249,6 +274,9 @@ fn evict_victim(dev: &Device, frame: u32, who: &Owner, peer: &Option<Arc<Device>
             continue;
         }
         let fj = p.frame(j);
+        if limit.is_some_and(|l| !dev.charged_within(fj, l)) {
+            continue;
+        }
         if dev.flags(fj) & F_REF != 0 || spare(dev, region, ctx, &advice, j, fj) {
             continue;
         }
@@ -259,12 +287,21 @@ fn evict_victim(dev: &Device, frame: u32, who: &Owner, peer: &Option<Arc<Device>
     evict_pages(dev, region, &mut p, &idx, peer)
 }
 
-/// Frees at least `want` frames on `dev` if that many are evictable; returns frames freed
-/// (0: nothing evictable, or host memory exhausted). Must be called with no block lock held.
-pub(crate) fn make_room(dev: &Arc<Device>, want: usize, why: Why) -> usize {
+/// Frees at least `want` frames on `dev` if that many are evictable — `within` a dmem
+/// cgroup pool, frames charged within it only; returns frames freed (0: nothing evictable,
+/// or host memory exhausted), or `want` when someone else made the room meanwhile. Must be
+/// called with no block lock held.
+pub(crate) fn make_room(dev: &Arc<Device>, want: usize, why: Why, within: Option<Within<'_>>) -> usize {
     let _one = dev.evict_lock.lock();
-    // Another evictor may have made room while we waited for the lock.
-    if why != Why::Background && dev.frames_free() as usize >= want {
+    let limit = within.map(|w| w.limit);
+    // Another evictor may have made room while we waited for the lock: free frames, or for
+    // a cgroup at its limit, room under its limit.
+    let room = match within {
+        None => dev.frames_free() as usize >= want,
+        Some(Within { mm: Some(mm), .. }) => dev.dmem.has_room(mm),
+        Some(_) => false,
+    };
+    if why != Why::Background && room {
         return want;
     }
     if why == Why::Fault {
@@ -276,19 +313,26 @@ pub(crate) fn make_room(dev: &Arc<Device>, want: usize, why: Why) -> usize {
     // hand passes), so finding victims can take two sweeps over the pool.
     const BATCH: usize = 64;
     let rounds = 2 * (dev.nr_frames as usize / BATCH) + 2;
+    // Within a cgroup, `dmem.low` protects its children's frames until nothing else is left.
+    let mut ignore_low = false;
     'rounds: for _round in 0..rounds {
         if freed >= want {
             break;
         }
-        let Ok(victims) = dev.victims(BATCH.min(want - freed).max(8)) else { break };
+        let Ok(victims) = dev.victims(BATCH.min(want - freed).max(8), limit, ignore_low) else { break };
         if victims.is_empty() {
+            if limit.is_some() && !ignore_low {
+                ignore_low = true;
+                continue;
+            }
             break;
         }
         for (f, who) in victims.iter() {
             // Faults take the whole cold 2 MiB neighbourhood (the stream moves on anyway);
-            // the background worker stays within its watermark target.
-            let budget = if why == Why::Background { want.saturating_sub(freed) } else { usize::MAX };
-            match evict_victim(dev, *f, who, &peer, budget) {
+            // the background worker and reclaim stay within their target.
+            let budget =
+                if matches!(why, Why::Background | Why::Reclaim) { want.saturating_sub(freed) } else { usize::MAX };
+            match evict_victim(dev, *f, who, &peer, budget, limit) {
                 Ok(n) => freed += n,
                 // Host memory is exhausted: every further victim would fail the same way.
                 Err(_) => break 'rounds,
@@ -301,18 +345,27 @@ pub(crate) fn make_room(dev: &Arc<Device>, want: usize, why: Why) -> usize {
     freed
 }
 
-/// A transition's frame allocation found its device full: frees up to `want` frames there
-/// so the caller can retry; `ENOMEM` only if no frame is free afterwards (nothing could be
-/// evicted: all pinned, or the host is out of memory) — a pass that freed fewer than
-/// `want`, or none because others (the background worker, a concurrent evictor, a free)
-/// made room meanwhile, still lets the caller retry. The caller must have dropped its
-/// block lock.
-pub(crate) fn make_room_for(a: &Actions, want: usize, why: Why) -> Result {
+/// A transition's frame allocation found its device full, or (with `limit`) its owner's
+/// dmem cgroup at its limit there: frees up to `want` frames (of that cgroup) so the
+/// caller can retry; `ENOMEM` only if nothing could be freed and no frame is free
+/// afterwards (all pinned, or the host is out of memory) — or, for a cgroup, if none of
+/// its frames could be evicted. A pass that freed fewer than `want`, or none because
+/// others made room meanwhile, still lets the caller retry. The caller must have dropped
+/// its block lock.
+pub(crate) fn make_room_for(a: &Actions, want: usize, why: Why, within: Option<Within<'_>>) -> Result {
     let full = a.alloc_frame.and_then(|d| devices::get(d as usize)).ok_or(ENOMEM)?;
-    if make_room(&full, want, why) == 0 && full.frames_free() == 0 {
-        return Err(ENOMEM);
+    if make_room(&full, want, why, within) > 0 {
+        return Ok(());
     }
-    Ok(())
+    let room = match within {
+        None => full.frames_free() > 0,
+        Some(w) => w.mm.is_some_and(|mm| full.dmem.has_room(mm)),
+    };
+    if room {
+        Ok(())
+    } else {
+        Err(ENOMEM)
+    }
 }
 
 /// Writes parked victims back to host, so that the lender can later drop them instantly.
@@ -349,7 +402,7 @@ pub(crate) fn background(dev: &Arc<Device>) {
     }
     let target = reclaim_target(dev.frames_free(), dev.low(), dev.high(), dev.nr_frames);
     if target > 0 {
-        make_room(dev, target as usize, Why::Background);
+        make_room(dev, target as usize, Why::Background, None);
     }
 }
 

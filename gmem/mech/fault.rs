@@ -284,7 +284,8 @@ fn fault_pages(
             let stuck = steps[out.done];
             match out.res {
                 Err(e) if e == ENOSPC => {
-                    // The device is full: evict (without the block lock), then retry from the
+                    // The device is full, or the owner's dmem cgroup at its limit there: evict
+                    // (within that cgroup; without the block lock), then retry from the
                     // first page that did not get a frame.
                     drop(p);
                     attempts = if out.done > 0 { 1 } else { attempts + 1 };
@@ -293,7 +294,8 @@ fn fault_pages(
                     }
                     next_page = idx.iter().position(|&i| i == stuck.i).unwrap_or(idx.len());
                     let want = (steps.len() - out.done).clamp(32, migrate::BATCH_PAGES);
-                    evict::make_room_for(&stuck.a, want, Why::Fault)?;
+                    let within = out.limit.as_ref().map(|limit| evict::Within { limit, mm: Some(space.mm()) });
+                    evict::make_room_for(&stuck.a, want, Why::Fault, within)?;
                     continue;
                 }
                 Err(e) => return Err(e),

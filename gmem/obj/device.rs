@@ -19,6 +19,7 @@
 //! spinlock.
 
 use crate::abi::{GmemCopy, GmemDevOps, GmemDevProps, GmemPte, GMEM_DEV_CAP_MAP_2M, GMEM_DRIVER_ABI_VERSION};
+use crate::obj::dmem::{self, Charge, Limit};
 use crate::obj::region::Region;
 use crate::policy::evict::{self as order, Clock, F_CLEAN, F_LENT, F_PINNED, F_REF, F_USED};
 use crate::policy::frames::{FrameMap, CHUNK_FRAMES};
@@ -255,9 +256,10 @@ pub(crate) enum FrameOp {
     /// Record `who` (taken) as the frame's holder; flags become `(old & keep) | set`;
     /// `settle`: count the frame if it was still marked prefetched.
     Own { frame: u32, who: Option<Owner>, set: u8, keep: u8, settle: bool },
-    /// Done: the holder it replaced, held only to be dropped without the pool lock.
+    /// Done: the holder it replaced and the charge of a freed frame, held only to be
+    /// dropped (the charge given back) without the pool lock.
     #[allow(dead_code)]
-    Dropped(Option<Owner>),
+    Dropped(Option<Owner>, Charge),
 }
 
 /// Who holds a frame: a page of a region (as owner or read-only duplicate).
@@ -276,6 +278,8 @@ struct FramePool {
     flags: KVVec<u8>,
     /// Reverse map: frame -> page.
     owner: KVVec<Option<Owner>>,
+    /// Each used frame's dmem cgroup charge (`obj/dmem.rs`); empty for free frames.
+    charges: KVVec<Charge>,
     hand: u64,
     /// Frames with `F_PINNED` / `F_LENT` set, kept by [`FramePool::put`] (never rescanned).
     pinned: u64,
@@ -292,6 +296,32 @@ impl FramePool {
                 _ => {}
             }
         }
+    }
+}
+
+/// The locked frame pool; publishes `used` to [`Device::frames_free_hint`] on release.
+struct PoolGuard<'a> {
+    g: kernel::sync::MutexGuard<'a, FramePool>,
+    hint: &'a AtomicU64,
+}
+
+impl core::ops::Deref for PoolGuard<'_> {
+    type Target = FramePool;
+
+    fn deref(&self) -> &FramePool {
+        &self.g
+    }
+}
+
+impl core::ops::DerefMut for PoolGuard<'_> {
+    fn deref_mut(&mut self) -> &mut FramePool {
+        &mut self.g
+    }
+}
+
+impl Drop for PoolGuard<'_> {
+    fn drop(&mut self) {
+        self.hint.store(self.g.used, Ordering::Relaxed);
     }
 }
 
@@ -332,11 +362,16 @@ pub(crate) struct Device {
     ctxs: Mutex<KVec<(u64, Ctx)>>,
     #[pin]
     frames: Mutex<FramePool>,
+    /// `FramePool::used` as of the last release of the pool lock: a lock-free, possibly
+    /// stale view for estimates ([`Device::frames_free_hint`]).
+    used_hint: AtomicU64,
     /// One evictor at a time per device (taken with no block lock held).
     #[pin]
     pub(crate) evict_lock: Mutex<()>,
     low: AtomicU64,
     high: AtomicU64,
+    /// The device's region of the dmem cgroup controller.
+    pub(crate) dmem: dmem::Region,
     pub(crate) stats: DevStats,
     #[pin]
     work: Work<Device>,
@@ -360,10 +395,13 @@ impl Device {
         let bits = filled(FrameMap::words_for(nr_frames), 0u64)?;
         let flags = filled(n, 0u8)?;
         let mut owner = KVVec::with_capacity(n, GFP_KERNEL)?;
+        let mut charges = KVVec::with_capacity(n, GFP_KERNEL)?;
         for _ in 0..n {
             owner.push(None, GFP_KERNEL)?;
+            charges.push(Charge::NONE, GFP_KERNEL)?;
         }
         let (low, high) = order::default_watermarks(nr_frames);
+        let region = dmem::Region::new(id, nr_frames);
         Arc::pin_init(
             try_pin_init!(Device {
                 id,
@@ -374,12 +412,14 @@ impl Device {
                 callbacks <- new_srcu!("gmem_device_callbacks"),
                 ctxs <- new_mutex!(KVec::new(), "gmem_device_ctxs"),
                 frames <- new_mutex!(
-                    FramePool { bits, cursor: 0, used: 0, flags, owner, hand: 0, pinned: 0, lent: 0 },
+                    FramePool { bits, cursor: 0, used: 0, flags, owner, charges, hand: 0, pinned: 0, lent: 0 },
                     "gmem_device_frames"
                 ),
+                used_hint: AtomicU64::new(0),
                 evict_lock <- new_mutex!((), "gmem_device_evict"),
                 low: AtomicU64::new(low),
                 high: AtomicU64::new(high),
+                dmem: region,
                 stats: DevStats::default(),
                 work <- new_work!("gmem_device_preevict"),
             }),
@@ -483,13 +523,20 @@ impl Device {
     }
 
     /// The frame pool, locked; every acquisition is counted (`locks: pool=` in debugfs).
-    fn pool(&self) -> kernel::sync::MutexGuard<'_, FramePool> {
+    fn pool(&self) -> PoolGuard<'_> {
         DevStats::add(&self.stats.pool_locks, 1);
-        self.frames.lock()
+        PoolGuard { g: self.frames.lock(), hint: &self.used_hint }
+    }
+
+    /// Free frames as of the last release of the pool lock, without taking it: an estimate
+    /// (another task may allocate or free right after).
+    pub(crate) fn frames_free_hint(&self) -> u64 {
+        self.nr_frames.saturating_sub(self.used_hint.load(Ordering::Relaxed))
     }
 
     /// One free frame, or `ENOSPC` when the pool is exhausted (the caller may evict and
-    /// retry). The frame starts used and referenced, with no owner yet.
+    /// retry). The frame starts used and referenced, with no owner yet, and uncharged: the
+    /// executor allocates through `alloc_frames` / `alloc_placed` (KUnit uses this).
     pub(crate) fn alloc_frame(&self) -> Result<u32> {
         let mut pool = self.pool();
         let FramePool { bits, cursor, used, flags, .. } = &mut *pool;
@@ -500,24 +547,29 @@ impl Device {
         u32::try_from(f).map_err(|_| EINVAL)
     }
 
-    /// Up to `want` frames chosen by `pick` appended to `out` under one acquisition of the
-    /// pool lock; returns how many (fewer when `pick` finds none). Each starts like
-    /// `alloc_frame`'s.
+    /// One frame per charge of `charges` (each frame takes one, the rest stay), chosen by
+    /// `pick`, appended to `out` under one acquisition of the pool lock; returns how many
+    /// (fewer when `pick` finds none). Each starts like `alloc_frame`'s.
     fn alloc_into(
         &self,
-        want: usize,
+        charges: &mut KVec<Charge>,
         out: &mut KVec<u32>,
         mut pick: impl FnMut(&mut FrameMap<'_>) -> Option<u64>,
     ) -> Result<usize> {
+        let want = charges.len();
         out.reserve(want, GFP_KERNEL)?;
         let mut pool = self.pool();
-        let FramePool { bits, cursor, used, flags, .. } = &mut *pool;
+        let FramePool { bits, cursor, used, flags, charges: held, .. } = &mut *pool;
         let mut map = FrameMap::new(bits, cursor, used, self.nr_frames).ok_or(EINVAL)?;
         let mut got = 0;
         while got < want {
             let Some(f) = pick(&mut map) else { break };
             // A free frame's flags are 0 (every free clears them): no pinned/lent count moves.
             flags[f as usize] = F_USED | F_REF;
+            // A free frame holds no charge (every free takes it), so nothing is replaced.
+            if let (Some(slot), Some(c)) = (held.get_mut(f as usize), charges.pop()) {
+                *slot = c;
+            }
             // Frame numbers fit in 32 bits: `nr_frames <= u32::MAX` (checked at registration),
             // and the capacity was reserved above.
             out.push(f as u32, GFP_NOWAIT)?;
@@ -526,14 +578,16 @@ impl Device {
         Ok(got)
     }
 
-    /// Up to `want` free frames appended to `out` under one acquisition of the pool lock;
-    /// returns how many (fewer when the pool runs out). Each starts like `alloc_frame`'s.
-    pub(crate) fn alloc_frames(&self, want: usize, out: &mut KVec<u32>) -> Result<usize> {
-        self.alloc_into(want, out, |map| map.alloc())
+    /// A free frame per charge of `charges` (each frame takes one) appended to `out` under
+    /// one acquisition of the pool lock; returns how many (fewer when the pool runs out).
+    /// Each starts like `alloc_frame`'s.
+    pub(crate) fn alloc_frames(&self, charges: &mut KVec<Charge>, out: &mut KVec<u32>) -> Result<usize> {
+        self.alloc_into(charges, out, |map| map.alloc())
     }
 
-    /// Frames for pages at offsets `offs` (0..512, ascending) of one 2 MiB block, appended
-    /// to `out` under one acquisition of the pool lock: page `k` gets frame `base + k` of an
+    /// Frames for pages at offsets `offs` (0..512, ascending) of one 2 MiB block, one per
+    /// charge of `charges` (each frame takes one), appended to `out` under one acquisition
+    /// of the pool lock: page `k` gets frame `base + k` of an
     /// aligned 512-frame chunk when that frame is free, any free frame otherwise. `base` is
     /// `hint` (where the block's other pages on this device are) or, without one, a wholly
     /// free chunk. A block whose pages all end up at `base + k` can be mapped with one
@@ -542,14 +596,14 @@ impl Device {
         &self,
         hint: Option<u64>,
         offs: impl Iterator<Item = u64>,
-        want: usize,
+        charges: &mut KVec<Charge>,
         out: &mut KVec<u32>,
     ) -> Result<usize> {
         let nr = self.nr_frames;
-        let mut offs = offs.take(want);
+        let mut offs = offs.take(charges.len());
         // Chosen with the first frame, under the pool lock.
         let mut base: Option<Option<u64>> = None;
-        self.alloc_into(want, out, |map| {
+        self.alloc_into(charges, out, |map| {
             let k = offs.next()?;
             let b = *base.get_or_insert_with(|| {
                 hint.filter(|b| b % CHUNK_FRAMES == 0 && b.saturating_add(CHUNK_FRAMES) <= nr)
@@ -580,11 +634,12 @@ impl Device {
         out
     }
 
-    /// Returns a frame to the pool. Returns its flags as they were (for accounting).
+    /// Returns a frame to the pool (and its charge to its cgroup). Returns its flags as
+    /// they were (for accounting).
     pub(crate) fn free_frame(&self, frame: u32) -> u8 {
-        let (old, fl) = {
+        let (old, fl, charge) = {
             let mut pool = self.pool();
-            let FramePool { bits, cursor, used, flags, owner, pinned, lent, .. } = &mut *pool;
+            let FramePool { bits, cursor, used, flags, owner, charges, pinned, lent, .. } = &mut *pool;
             let ok = FrameMap::new(bits, cursor, used, self.nr_frames).map(|mut m| m.free(u64::from(frame)).is_ok());
             if ok != Some(true) {
                 pr_err!("device {}: bad frame free {}\n", self.id, frame);
@@ -592,10 +647,12 @@ impl Device {
             }
             let fl = core::mem::replace(&mut flags[frame as usize], 0);
             FramePool::recount(pinned, lent, fl, 0);
-            (owner[frame as usize].take(), fl)
+            let charge = charges.get_mut(frame as usize).map(|c| core::mem::replace(c, Charge::NONE));
+            (owner[frame as usize].take(), fl, charge)
         };
         // Dropped outside the lock: the last reference to a region may go here.
         drop(old);
+        drop(charge);
         fl
     }
 
@@ -607,9 +664,9 @@ impl Device {
     pub(crate) fn commit_frames<'a>(&self, ops: impl Iterator<Item = &'a mut FrameOp>) -> u64 {
         let mut settled = 0;
         let mut pool = self.pool();
-        let FramePool { bits, cursor, used, flags, owner, pinned, lent, .. } = &mut *pool;
+        let FramePool { bits, cursor, used, flags, owner, charges, pinned, lent, .. } = &mut *pool;
         for op in ops {
-            let old = match op {
+            let (old, charge) = match op {
                 FrameOp::Free(frame) => {
                     let f = *frame as usize;
                     let ok = FrameMap::new(bits, cursor, used, self.nr_frames).map(|mut m| m.free(f as u64).is_ok());
@@ -621,7 +678,8 @@ impl Device {
                         FramePool::recount(pinned, lent, *fl, 0);
                         *fl = 0;
                     }
-                    owner.get_mut(f).and_then(Option::take)
+                    let charge = charges.get_mut(f).map_or(Charge::NONE, |c| core::mem::replace(c, Charge::NONE));
+                    (owner.get_mut(f).and_then(Option::take), charge)
                 }
                 FrameOp::Own { frame, who, set, keep, settle } => {
                     let f = *frame as usize;
@@ -632,14 +690,15 @@ impl Device {
                     let new = (*fl & *keep) | *set | F_USED;
                     FramePool::recount(pinned, lent, *fl, new);
                     *fl = new;
-                    match (owner.get_mut(f), who.take()) {
+                    let old = match (owner.get_mut(f), who.take()) {
                         (Some(slot), Some(w)) => slot.replace(w),
                         _ => None,
-                    }
+                    };
+                    (old, Charge::NONE)
                 }
-                FrameOp::Dropped(_) => continue,
+                FrameOp::Dropped(..) => continue,
             };
-            *op = FrameOp::Dropped(old);
+            *op = FrameOp::Dropped(old, charge);
         }
         settled
     }
@@ -690,17 +749,42 @@ impl Device {
         }
     }
 
+    /// Whether `frame`'s charge lies within `limit` (so that evicting it makes room there).
+    pub(crate) fn charged_within(&self, frame: u32, limit: &Limit) -> bool {
+        self.pool().charges.get(frame as usize).is_some_and(|c| limit.covers(c, true))
+    }
+
     pub(crate) fn flags(&self, frame: u32) -> u8 {
         self.pool().flags.get(frame as usize).copied().unwrap_or(0)
     }
 
-    /// Up to `n` victims in replacement order, with who holds them.
-    pub(crate) fn victims(&self, n: usize) -> Result<KVec<(u32, Owner)>> {
+    /// Up to `n` victims in replacement order, with who holds them; with a `limit`, only
+    /// frames charged within that cgroup pool (and not protected in it; `ignore_low` drops
+    /// the `dmem.low` protection).
+    pub(crate) fn victims(&self, n: usize, limit: Option<&Limit>, ignore_low: bool) -> Result<KVec<(u32, Owner)>> {
         let mut picked = [0u64; 64];
         let n = n.min(picked.len());
         let mut pool = self.pool();
-        let FramePool { flags, hand, owner, .. } = &mut *pool;
-        let k = Clock::new(flags, hand).select(&mut picked[..n]);
+        let FramePool { flags, hand, owner, charges, .. } = &mut *pool;
+        let k = match limit {
+            None => Clock::new(flags, hand).select(&mut picked[..n]),
+            Some(limit) => {
+                // Frames of one pool share the answer: the last one is remembered.
+                let mut last: Option<(usize, bool)> = None;
+                let mut eligible = |f: usize| {
+                    let Some(c) = charges.get(f) else { return false };
+                    if let Some((g, yes)) = last {
+                        if charges.get(g).is_some_and(|cg| Limit::same(cg, c)) {
+                            return yes;
+                        }
+                    }
+                    let yes = limit.covers(c, ignore_low);
+                    last = Some((f, yes));
+                    yes
+                };
+                Clock::new(flags, hand).select_where(&mut picked[..n], &mut eligible)
+            }
+        };
         let mut out = KVec::with_capacity(k, GFP_KERNEL)?;
         for &f in &picked[..k] {
             if let Some(o) = owner.get(f as usize).and_then(|o| o.clone()) {

@@ -55,6 +55,13 @@ impl<'a> Clock<'a> {
     /// over once, an unreferenced used frame is a victim. At most two full sweeps. Victims
     /// keep `F_USED` (the kernel clears it when it frees them); only `F_REF` bits change.
     pub fn select(&mut self, out: &mut [u64]) -> usize {
+        self.select_where(out, |_| true)
+    }
+
+    /// [`Clock::select`] over the frames `eligible` accepts only (the frames charged within
+    /// a cgroup at its limit): the others are neither chosen nor passed over (their `F_REF`
+    /// stays). `eligible` is asked about evictable frames only.
+    pub fn select_where(&mut self, out: &mut [u64], mut eligible: impl FnMut(usize) -> bool) -> usize {
         let n = self.flags.len();
         let mut k = 0;
         // Tier 1: lent frames, clean before dirty.
@@ -63,7 +70,7 @@ impl<'a> Clock<'a> {
                 if k == out.len() {
                     return k;
                 }
-                if evictable(f) && f & F_LENT != 0 && (f & F_CLEAN != 0) == want_clean {
+                if evictable(f) && f & F_LENT != 0 && (f & F_CLEAN != 0) == want_clean && eligible(i) {
                     out[k] = i as u64;
                     k += 1;
                 }
@@ -93,6 +100,9 @@ impl<'a> Clock<'a> {
             if step >= n && seen < first_sweep_end && out[seen] == i as u64 {
                 // Already chosen on the first sweep.
                 seen += 1;
+                continue;
+            }
+            if !eligible(i) {
                 continue;
             }
             if f & F_REF != 0 {

@@ -12,6 +12,12 @@ fn evictable(f: u8) -> bool {
 
 /// The documented algorithm, written plainly.
 fn reference(flags: &mut [u8], hand: &mut u64, max: usize) -> Vec<u64> {
+    let all = vec![true; flags.len()];
+    reference_where(flags, hand, max, &all)
+}
+
+/// The documented algorithm restricted to the frames `elig` marks (`Clock::select_where`).
+fn reference_where(flags: &mut [u8], hand: &mut u64, max: usize, elig: &[bool]) -> Vec<u64> {
     let n = flags.len();
     if *hand >= n as u64 {
         *hand = 0;
@@ -21,7 +27,7 @@ fn reference(flags: &mut [u8], hand: &mut u64, max: usize) -> Vec<u64> {
     for want_clean in [true, false] {
         for i in 0..n {
             let f = flags[i];
-            if out.len() < max && evictable(f) && f & F_LENT != 0 && (f & F_CLEAN != 0) == want_clean {
+            if out.len() < max && evictable(f) && f & F_LENT != 0 && (f & F_CLEAN != 0) == want_clean && elig[i] {
                 out.push(i as u64);
                 chosen[i] = true;
             }
@@ -38,7 +44,7 @@ fn reference(flags: &mut [u8], hand: &mut u64, max: usize) -> Vec<u64> {
         let i = h;
         h = (h + 1) % n;
         let f = flags[i];
-        if !evictable(f) || chosen[i] {
+        if !evictable(f) || chosen[i] || !elig[i] {
             continue;
         }
         if f & F_REF != 0 {
@@ -72,6 +78,32 @@ fn hand() -> impl Strategy<Value = u64> {
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    /// Eviction within a cgroup: only eligible frames are chosen, ineligible ones keep
+    /// their flags (no second chance consumed on someone else's frame), and the choice is
+    /// the reference algorithm's over the eligible frames.
+    #[test]
+    fn select_where_takes_eligible_frames_only(
+        orig in flags(), h0 in hand(), max in 0usize..260, seed in any::<u64>()
+    ) {
+        let elig: Vec<bool> = (0..orig.len()).map(|i| (seed >> (i % 64)) & 1 == 1).collect();
+        let (mut f, mut h) = (orig.clone(), h0);
+        let (mut rf, mut rh) = (orig.clone(), h0);
+        let mut out = vec![0u64; max];
+        let k = Clock::new(&mut f, &mut h).select_where(&mut out, |i| elig[i]);
+        let want = reference_where(&mut rf, &mut rh, max, &elig);
+        prop_assert_eq!(&out[..k], &want[..]);
+        prop_assert_eq!(&f, &rf);
+        prop_assert_eq!(h, rh);
+        for &v in &out[..k] {
+            prop_assert!(elig[v as usize]);
+        }
+        for i in 0..orig.len() {
+            if !elig[i] {
+                prop_assert_eq!(f[i], orig[i]);
+            }
+        }
+    }
 
     #[test]
     fn select_matches_reference_and_guarantees(

@@ -13,6 +13,7 @@ mod t_block;
 mod t_conformance;
 mod t_contract;
 mod t_core;
+mod t_dmem;
 mod t_fuzz;
 mod t_gmemctl;
 mod t_gup;
@@ -35,6 +36,7 @@ fn all_tests() -> Vec<Test> {
     v.extend(t_contract::tests());
     v.extend(t_gmemctl::tests());
     v.extend(t_sysfs::tests());
+    v.extend(t_dmem::tests());
     v.extend(t_trace::tests());
     v.extend(t_bad::tests());
     v.extend(t_overcommit::tests());
