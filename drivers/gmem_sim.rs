@@ -4,7 +4,8 @@
 //! `include/linux/gmem.h`), and is honest about what a device is:
 //! - its own memory: a pool of frames (`sim_mem.rs`), capacity set by `mem_mib`;
 //! - its own page table per address space (`sim_pt.rs`), driven only by gmem's callbacks;
-//! - a copy engine (the `copy` callback) moving pages host<->frame and frame<->peer frame;
+//! - a copy engine (the `copy` callback) moving pages host<->frame and frame<->peer frame,
+//!   over links whose bandwidth and latency can be modelled (`sim_link.rs`);
 //! - kernels (`sim_kernels.rs`) that access memory only through that page table and report
 //!   misses to gmem in batches, then replay.
 //!
@@ -36,6 +37,7 @@ use kernel::{
 #[path = "../include/rust/gmem.rs"]
 mod gmem;
 mod sim_kernels;
+mod sim_link;
 mod sim_mem;
 mod sim_pt;
 
@@ -63,6 +65,22 @@ module! {
             default: true,
             description: "Map whole 2 MiB blocks with one page-table entry",
         },
+        link_h2d_mbps: u64 {
+            default: 0,
+            description: "Modelled host->device bandwidth, MB/s (0: unlimited)",
+        },
+        link_d2h_mbps: u64 {
+            default: 0,
+            description: "Modelled device->host bandwidth, MB/s (0: unlimited)",
+        },
+        link_d2d_mbps: u64 {
+            default: 0,
+            description: "Modelled device->peer bandwidth, MB/s (0: unlimited)",
+        },
+        link_latency_ns: u64 {
+            default: 0,
+            description: "Modelled latency of each copy-engine call, ns",
+        },
     },
 }
 
@@ -85,6 +103,8 @@ pub(crate) struct SimDev {
     /// pages copies this many, then fails with `-fail_err`; `NO_FAILURE` when not armed.
     fail_after: AtomicU64,
     fail_err: AtomicU32,
+    /// The link model (`GMEM_SIM_IOC_LINK`, module parameters `link_*`).
+    links: sim_link::Links,
     /// Set once gmem's unregistration returned: gmem promises no callback after that, and
     /// the sim checks it (a callback then is logged and WARNs, which fails the test run).
     /// The `SimDev` outlives its registration (the module keeps a reference) for this.
@@ -182,6 +202,15 @@ impl gmem::Driver for SimDev {
             && self.fail_after.compare_exchange(armed, NO_FAILURE, Ordering::AcqRel, Ordering::Relaxed).is_ok();
         // `armed < n` when it fires, so the cut fits a usize.
         let todo = if fires { armed as usize } else { n };
+        // The transfer occupies its link from now on; the data moves while it does.
+        let bytes = (todo as u64).saturating_mul(gmem::PAGE_SIZE);
+        let booking = match &job {
+            CopyJob::ToDevice(_) => self.links.book(sim_link::Path::H2D, bytes),
+            CopyJob::ToHost(_) => self.links.book(sim_link::Path::D2H, bytes),
+            CopyJob::ToPeer(..) => self.links.book(sim_link::Path::D2D, bytes),
+            // Device memory is not a link.
+            CopyJob::Zero(_) => None,
+        };
         let r = match job {
             CopyJob::ToDevice(c) => c[..todo].iter().try_for_each(|e| self.pool.upload(e.frame().index(), e.host())),
             CopyJob::ToHost(c) => c[..todo].iter().try_for_each(|e| self.pool.download(e.frame().index(), e.host())),
@@ -190,6 +219,9 @@ impl gmem::Driver for SimDev {
                 .try_for_each(|e| self.pool.to_peer(e.frame().index(), &peer.live().pool, e.peer_frame().index())),
             CopyJob::Zero(c) => c[..todo].iter().try_for_each(|e| self.pool.zero(e.frame().index())),
         };
+        if let Some(b) = booking {
+            b.wait();
+        }
         r?;
         self.copies.fetch_add(todo as u64, Ordering::Relaxed);
         if fires {
@@ -279,10 +311,32 @@ unsafe impl FromBytes for FailCopyArg {}
 // SAFETY: as above.
 unsafe impl AsBytes for FailCopyArg {}
 
+/// `struct gmem_sim_link`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct LinkArg {
+    argsz: u32,
+    flags: u32,
+    mbps: [u64; 3],
+    latency_ns: u64,
+    bytes: [u64; 3],
+    busy_ns: [u64; 3],
+    reserved: [u64; 2],
+}
+// SAFETY: integers only, no padding.
+unsafe impl FromBytes for LinkArg {}
+// SAFETY: as above.
+unsafe impl AsBytes for LinkArg {}
+
+/// `GMEM_SIM_LINK_SET`: set the model from the argument.
+const LINK_SET: u32 = 1;
+const PATHS: [sim_link::Path; 3] = [sim_link::Path::H2D, sim_link::Path::D2H, sim_link::Path::D2D];
+
 const IOC_LAUNCH: u32 = _IOWR::<LaunchArg>(b'S' as u32, 0x01);
 const IOC_INFO: u32 = _IOWR::<InfoArg>(b'S' as u32, 0x02);
 const IOC_FAIL_COPY: u32 = _IOW::<FailCopyArg>(b'S' as u32, 0x03);
 const IOC_UNPLUG: u32 = _IO(b'S' as u32, 0x04);
+const IOC_LINK: u32 = _IOWR::<LinkArg>(b'S' as u32, 0x05);
 /// `fail_after` when no copy failure is armed.
 const NO_FAILURE: u64 = u64::MAX;
 
@@ -357,6 +411,26 @@ impl SimFile {
         w.write(&i)
     }
 
+    /// Reads, and with `GMEM_SIM_LINK_SET` first sets, the device's link model; reports
+    /// the bytes and modelled busy time of each path.
+    fn link(&self, arg: usize) -> Result {
+        let (mut r, mut w) = UserSlice::new(UserPtr::from_addr(arg), core::mem::size_of::<LinkArg>()).reader_writer();
+        let mut l: LinkArg = r.read()?;
+        if l.argsz as usize != core::mem::size_of::<LinkArg>() || l.flags & !LINK_SET != 0 || l.reserved != [0; 2] {
+            return Err(EINVAL);
+        }
+        let links = &self.dev.reg.data().links;
+        if l.flags & LINK_SET != 0 {
+            links.set(l.mbps, l.latency_ns);
+        }
+        for (k, p) in PATHS.iter().enumerate() {
+            let s = links.stats(*p);
+            (l.mbps[k], l.bytes[k], l.busy_ns[k]) = (s.mbps, s.bytes, s.busy_ns);
+        }
+        l.latency_ns = links.latency_ns();
+        w.write(&l)
+    }
+
     /// Hot-unplug (as a PCI remove would): running launches end with `ENODEV`, gmem saves
     /// every page to the host, later launches get `ENODEV`. The node stays until unload.
     fn unplug(&self) -> Result {
@@ -385,6 +459,7 @@ impl MiscDevice for SimFile {
             IOC_INFO => me.info(arg),
             IOC_FAIL_COPY => me.fail_copy(arg),
             IOC_UNPLUG => me.unplug(),
+            IOC_LINK => me.link(arg),
             _ => Err(ENOTTY),
         }
         .map(|()| 0)
@@ -413,6 +488,14 @@ impl SimModule {
                 faults: AtomicU64::new(0),
                 fail_after: AtomicU64::new(NO_FAILURE),
                 fail_err: AtomicU32::new(0),
+                links: sim_link::Links::new(
+                    [
+                        module_parameters::link_h2d_mbps.value(),
+                        module_parameters::link_d2h_mbps.value(),
+                        module_parameters::link_d2d_mbps.value(),
+                    ],
+                    module_parameters::link_latency_ns.value(),
+                ),
                 unregistered: AtomicBool::new(false),
             },
             GFP_KERNEL,

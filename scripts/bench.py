@@ -274,6 +274,27 @@ def markdown(d):
         L.append(table(["pages per batch", "ns per page", "ns per batch"],
                        [[r["batch_pages"], st(r.get("migrate_ns_per_page")), st(r.get("migrate_ns_per_batch"))] for r in prof]))
         L.append("")
+    # P1/P2 over the modelled link.
+    lk = section(L, d, "link", "Migration over a modelled link (PL)")
+    if lk:
+        L.append(f"sim0's host links modelled at {lk.get('link_mbs')} MB/s each way (`GMEM_SIM_IOC_LINK`), a quarter "
+                 f"of the paired copy baseline measured first ({f(lk.get('paired_baseline_mbs'))} MB/s), so that the "
+                 f"link is the floor; {f((lk.get('bytes') or 0) / 2**20)} MiB per run.")
+        L.append("")
+        rows = []
+        for key, name in (("device_faults", "H→D device faults (default prefetch)"),
+                          ("explicit_prefetch", "H→D explicit PREFETCH"),
+                          ("cpu_faults", "D→H CPU faults")):
+            r = lk.get(key)
+            if r:
+                rows.append([name, st(r.get("time_s"), 3, 1e3), st(r.get("bw_mbs")), st(r.get("ratio")),
+                             st(r.get("link_bytes_per_page"))])
+        L.append(table(["", "time ms", "MB/s", "/ link bandwidth (= share of the time the link is busy)",
+                        "link bytes per page"], rows))
+        L.append("")
+        L.append("The rest of the time is fault handling and the CPU's copy, which the synchronous copy "
+                 "engine does not overlap with the link.")
+        L.append("")
     # P3.
     p3 = section(L, d, "p3", "Per-page migrate-to-device + fault-back cost (P3)")
     if p3:

@@ -79,6 +79,31 @@ struct gmem_sim_fail_copy {
 	__u64 reserved[2];
 };
 
+/*
+ * The link model: the bandwidth of each path (MB/s, 10^6 bytes per second; 0 unlimited)
+ * and a latency per copy-engine call. A copy call takes at least latency + bytes /
+ * bandwidth on its path, and calls on one path queue behind each other; zero fills are
+ * device-local and not modelled. Module parameters link_{h2d,d2h,d2d}_mbps and
+ * link_latency_ns set the initial model (all 0: unmodelled). The ioctl reports the model
+ * and, per path, the bytes moved and the modelled busy time since the driver was loaded;
+ * with GMEM_SIM_LINK_SET it first replaces the model (transfers under way keep theirs).
+ * EINVAL: bad argsz, unknown flags, nonzero reserved.
+ */
+#define GMEM_SIM_PATH_H2D	0	/* host -> this device */
+#define GMEM_SIM_PATH_D2H	1	/* this device -> host */
+#define GMEM_SIM_PATH_D2D	2	/* this device -> a peer device */
+#define GMEM_SIM_LINK_SET	(1u << 0)
+
+struct gmem_sim_link {
+	__u32 argsz;		/* sizeof(struct gmem_sim_link) */
+	__u32 flags;		/* GMEM_SIM_LINK_SET */
+	__u64 mbps[3];		/* in (SET) / out: per GMEM_SIM_PATH_* */
+	__u64 latency_ns;	/* in (SET) / out */
+	__u64 bytes[3];		/* out: bytes moved per path */
+	__u64 busy_ns[3];	/* out: modelled busy time per path */
+	__u64 reserved[2];
+};
+
 #define GMEM_SIM_IOC_LAUNCH	_IOWR('S', 0x01, struct gmem_sim_launch)
 #define GMEM_SIM_IOC_INFO	_IOWR('S', 0x02, struct gmem_sim_info)
 #define GMEM_SIM_IOC_FAIL_COPY	_IOW('S', 0x03, struct gmem_sim_fail_copy)
@@ -89,5 +114,6 @@ struct gmem_sim_fail_copy {
  * get the device back.
  */
 #define GMEM_SIM_IOC_UNPLUG	_IO('S', 0x04)
+#define GMEM_SIM_IOC_LINK	_IOWR('S', 0x05, struct gmem_sim_link)
 
 #endif /* _UAPI_LINUX_GMEM_SIM_H */

@@ -18,6 +18,7 @@ mod t_fuzz;
 mod t_gmemctl;
 mod t_gup;
 mod t_limits;
+mod t_link;
 mod t_overcommit;
 mod t_proc;
 mod t_sysfs;
@@ -37,6 +38,7 @@ fn all_tests() -> Vec<Test> {
     v.extend(t_gmemctl::tests());
     v.extend(t_sysfs::tests());
     v.extend(t_dmem::tests());
+    v.extend(t_link::tests());
     v.extend(t_trace::tests());
     v.extend(t_bad::tests());
     v.extend(t_overcommit::tests());

@@ -69,6 +69,29 @@ pub const GMEM_SIM_IOC_FAIL_COPY: u64 =
 /// `_IO('S', 0x04)`: hot-unplug the device.
 pub const GMEM_SIM_IOC_UNPLUG: u64 = ((b'S' as u64) << 8) | 0x04;
 
+/// Paths of the link model (`GMEM_SIM_PATH_*`), the indices of [`SimLink`]'s arrays.
+pub const PATH_H2D: usize = 0;
+pub const PATH_D2H: usize = 1;
+pub const PATH_D2D: usize = 2;
+/// `GMEM_SIM_LINK_SET`.
+pub const LINK_SET: u32 = 1;
+
+/// `struct gmem_sim_link`: the link model and its accounting (see the header).
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SimLink {
+    pub argsz: u32,
+    pub flags: u32,
+    /// MB/s per path (0: unlimited).
+    pub mbps: [u64; 3],
+    pub latency_ns: u64,
+    pub bytes: [u64; 3],
+    pub busy_ns: [u64; 3],
+    pub reserved: [u64; 2],
+}
+
+pub const GMEM_SIM_IOC_LINK: u64 = iowr_s(0x05, std::mem::size_of::<SimLink>());
+
 /// FNV-1a over little-endian u32 words: the device's CHECKSUM kernel, computed on the CPU.
 pub fn checksum(words: &[u32]) -> u64 {
     let mut h = 0xcbf2_9ce4_8422_2325u64;
@@ -171,6 +194,30 @@ impl Sim {
         let mut f = SimFailCopy { argsz: argsz::<SimFailCopy>(), err, after, ..Default::default() };
         // SAFETY: `SimFailCopy` is the argument of GMEM_SIM_IOC_FAIL_COPY.
         unsafe { ioctl_raw(self.file.as_raw_fd(), GMEM_SIM_IOC_FAIL_COPY, &mut f) }.map(|_| ())
+    }
+
+    /// The link model and the bytes and modelled busy time of each path so far.
+    pub fn link(&self) -> Result<SimLink> {
+        self.link_raw(&mut SimLink { argsz: argsz::<SimLink>(), ..Default::default() })
+    }
+
+    /// Sets the link model (`mbps` per path, 0 unlimited; latency per copy call); returns
+    /// the state after.
+    pub fn set_link(&self, mbps: [u64; 3], latency_ns: u64) -> Result<SimLink> {
+        self.link_raw(&mut SimLink {
+            argsz: argsz::<SimLink>(),
+            flags: LINK_SET,
+            mbps,
+            latency_ns,
+            ..Default::default()
+        })
+    }
+
+    /// GMEM_SIM_IOC_LINK with the argument as given (for the bad-input tests).
+    pub fn link_raw(&self, l: &mut SimLink) -> Result<SimLink> {
+        // SAFETY: `SimLink` is the argument of GMEM_SIM_IOC_LINK.
+        unsafe { ioctl_raw(self.file.as_raw_fd(), GMEM_SIM_IOC_LINK, l) }?;
+        Ok(*l)
     }
 
     pub fn info(&self) -> Result<SimInfo> {

@@ -1,0 +1,184 @@
+// SPDX-License-Identifier: GPL-2.0
+//! The simulated device's links: host->device, device->host and device->peer, each with a
+//! bandwidth (MB/s, 10^6 bytes per second; 0 = unlimited) and one latency per copy call.
+//!
+//! A copy-engine call reserves its path for `latency + bytes / bandwidth` starting when
+//! the path is free (a path carries one transfer at a time: concurrent calls queue on it),
+//! moves the data, and returns only when its reservation ends. So a transfer takes at least
+//! what the modelled link allows, and the data copy itself (a `memcpy` on the guest CPU)
+//! overlaps with the modelled time instead of adding to it. Device memory has no model: a
+//! zero fill is not a transfer. Every path counts its bytes and its modelled busy time,
+//! which `GMEM_SIM_IOC_LINK` reports.
+//!
+//! With every bandwidth and the latency at 0 (the default, and `make check`'s setting),
+//! nothing is reserved or waited for: today's unmodelled behaviour.
+
+use core::sync::atomic::{AtomicU64, Ordering};
+use kernel::prelude::*;
+use kernel::time::{delay::fsleep, Delta, Instant, Monotonic};
+
+/// A path of the link model.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Path {
+    H2D = 0,
+    D2H = 1,
+    D2D = 2,
+}
+
+/// Nanoseconds a transfer of `bytes` occupies a path of `mbps` MB/s with `latency_ns` per
+/// call (saturating; 0 bandwidth: latency only).
+pub(crate) fn transfer_ns(bytes: u64, mbps: u64, latency_ns: u64) -> u64 {
+    let wire = match (mbps, bytes.checked_mul(1000)) {
+        (0, _) => 0,
+        (m, Some(b)) => b.div_ceil(m),
+        // Beyond 2^64 / 1000 bytes: whole microseconds are precise enough.
+        (m, None) => (bytes / m).saturating_mul(1000),
+    };
+    latency_ns.saturating_add(wire)
+}
+
+/// Reserves `dur` ns of a path that is busy until `busy_until`, for a call made at `now`:
+/// returns the reservation's end (the new `busy_until`).
+pub(crate) fn reserve(now: u64, busy_until: u64, dur: u64) -> u64 {
+    core::cmp::max(now, busy_until).saturating_add(dur)
+}
+
+#[derive(Default)]
+struct PathState {
+    mbps: AtomicU64,
+    bytes: AtomicU64,
+    busy_ns: AtomicU64,
+    /// When the last reservation ends (ns since `Links::epoch`).
+    busy_until: AtomicU64,
+}
+
+/// What `GMEM_SIM_IOC_LINK` reports of one path.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct PathStats {
+    pub(crate) mbps: u64,
+    pub(crate) bytes: u64,
+    pub(crate) busy_ns: u64,
+}
+
+/// The three paths of one device.
+pub(crate) struct Links {
+    paths: [PathState; 3],
+    latency_ns: AtomicU64,
+    epoch: Instant<Monotonic>,
+}
+
+impl Links {
+    pub(crate) fn new(mbps: [u64; 3], latency_ns: u64) -> Self {
+        let l = Links { paths: Default::default(), latency_ns: AtomicU64::new(latency_ns), epoch: Instant::now() };
+        for (p, m) in l.paths.iter().zip(mbps) {
+            p.mbps.store(m, Ordering::Relaxed);
+        }
+        l
+    }
+
+    /// Nanoseconds since the model was made.
+    fn now(&self) -> u64 {
+        u64::try_from((Instant::<Monotonic>::now() - self.epoch).as_nanos()).unwrap_or(0)
+    }
+
+    /// Sets the model (bandwidths per path, latency per call); transfers already reserved
+    /// keep their times.
+    pub(crate) fn set(&self, mbps: [u64; 3], latency_ns: u64) {
+        for (p, m) in self.paths.iter().zip(mbps) {
+            p.mbps.store(m, Ordering::Relaxed);
+        }
+        self.latency_ns.store(latency_ns, Ordering::Relaxed);
+    }
+
+    pub(crate) fn latency_ns(&self) -> u64 {
+        self.latency_ns.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn stats(&self, path: Path) -> PathStats {
+        let p = &self.paths[path as usize];
+        PathStats {
+            mbps: p.mbps.load(Ordering::Relaxed),
+            bytes: p.bytes.load(Ordering::Relaxed),
+            busy_ns: p.busy_ns.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Books a transfer of `bytes` on `path` starting now (queued behind earlier ones);
+    /// returns the reservation to wait for, or `None` when the model is off for it.
+    pub(crate) fn book(&self, path: Path, bytes: u64) -> Option<Booking<'_>> {
+        let p = &self.paths[path as usize];
+        p.bytes.fetch_add(bytes, Ordering::Relaxed);
+        let dur = transfer_ns(bytes, p.mbps.load(Ordering::Relaxed), self.latency_ns());
+        if dur == 0 {
+            return None;
+        }
+        p.busy_ns.fetch_add(dur, Ordering::Relaxed);
+        let now = self.now();
+        let mut seen = p.busy_until.load(Ordering::Relaxed);
+        loop {
+            let end = reserve(now, seen, dur);
+            match p.busy_until.compare_exchange_weak(seen, end, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => return Some(Booking { links: self, end }),
+                Err(v) => seen = v,
+            }
+        }
+    }
+}
+
+/// A reserved transfer: [`Booking::wait`] returns when it ends.
+pub(crate) struct Booking<'a> {
+    links: &'a Links,
+    end: u64,
+}
+
+impl Booking<'_> {
+    /// Sleeps until the reservation's end (at once if the copy itself took longer).
+    pub(crate) fn wait(self) {
+        loop {
+            let now = self.links.now();
+            if now >= self.end {
+                return;
+            }
+            let left = i64::try_from(self.end - now).unwrap_or(i64::MAX);
+            fsleep(Delta::from_nanos(left));
+        }
+    }
+}
+
+#[kunit_tests(gmem_sim_link)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transfer_time_follows_bandwidth_and_latency() {
+        // 1 MiB at 1000 MB/s: 1048576 ns; plus 5 us of latency.
+        assert_eq!(transfer_ns(1 << 20, 1000, 0), 1_048_576);
+        assert_eq!(transfer_ns(1 << 20, 1000, 5000), 1_053_576);
+        // Unlimited bandwidth: latency only; nothing at all: 0.
+        assert_eq!(transfer_ns(1 << 20, 0, 700), 700);
+        assert_eq!(transfer_ns(1 << 20, 0, 0), 0);
+        // Rounded up, never 0 for a transfer on a modelled link.
+        assert_eq!(transfer_ns(1, 3000, 0), 1);
+        // Saturates instead of wrapping.
+        assert_eq!(transfer_ns(u64::MAX, 1, u64::MAX), u64::MAX);
+    }
+
+    #[test]
+    fn reservations_queue_behind_each_other() {
+        // Idle path: starts now.
+        assert_eq!(reserve(100, 50, 10), 110);
+        // Busy path: starts when the last one ends.
+        assert_eq!(reserve(100, 400, 10), 410);
+        let l = Links::new([1000, 0, 0], 0);
+        let a = l.book(Path::H2D, 4096).map(|b| b.end).unwrap_or(0);
+        let b = l.book(Path::H2D, 4096).map(|b| b.end).unwrap_or(0);
+        // 4096 B at 1000 MB/s = 4096 ns each, back to back.
+        // The second follows the first.
+        assert!(b >= a + 4096);
+        // An unlimited path books nothing.
+        assert!(l.book(Path::D2H, 4096).is_none());
+        let s = l.stats(Path::H2D);
+        assert_eq!((s.bytes, s.busy_ns), (8192, 8192));
+        assert_eq!(l.stats(Path::D2H).bytes, 4096);
+    }
+}
