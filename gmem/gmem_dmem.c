@@ -96,6 +96,8 @@ void gmem_dmem_uncharge(struct dmem_cgroup_pool_state *pool)
 /*
  * Whether a frame charged to @pool may be evicted to make room in @limit (@pool is @limit
  * or below it, and not protected by dmem.min / dmem.low; @ignore_low drops the latter).
+ * With @limit NULL (the device itself is full): whether @pool's protection against the
+ * root allows it.
  */
 bool gmem_dmem_evictable(struct dmem_cgroup_pool_state *limit, struct dmem_cgroup_pool_state *pool,
 			 bool ignore_low);

@@ -13,11 +13,11 @@
 //! - When: on demand from the fault path (counted as a *fault wait*), and in the
 //!   background between the low and high watermarks (*pre-eviction*). The background pass
 //!   also writes parked victims back to host so that the lender can drop them instantly.
-//! - Whose: any frame when the device is full; only frames charged within a dmem cgroup
-//!   pool when that cgroup is at its `dmem.max` (a fault or advice of its process, or the
-//!   controller's reclaim callback when the limit is lowered): a cgroup at its limit evicts
-//!   its own pages and never takes another cgroup's frames. `dmem.min` and `dmem.low` are
-//!   honoured within the cgroup (`low` only until nothing else is left).
+//! - Whose: when the device is full, any frame its dmem cgroup does not protect; when a
+//!   cgroup is at its `dmem.max` (a fault or advice of its process, or the controller's
+//!   reclaim callback when the limit is lowered), only frames charged within that cgroup:
+//!   it evicts its own pages and never takes another cgroup's frames. `dmem.min` always
+//!   protects, `dmem.low` until nothing else is left.
 //!
 //! Lock order: `Device::evict_lock` -> a block's pages (`Block::pages`) -> `Space::ctxs` -> `Device::frames`.
 //! Eviction never runs with a block lock held by its caller.
@@ -274,10 +274,8 @@ fn evict_victim(
             continue;
         }
         let fj = p.frame(j);
-        if limit.is_some_and(|l| !dev.charged_within(fj, l)) {
-            continue;
-        }
-        if dev.flags(fj) & F_REF != 0 || spare(dev, region, ctx, &advice, j, fj) {
+        let Some(fl) = dev.flags_if_evictable(fj, limit) else { continue };
+        if fl & F_REF != 0 || spare(dev, region, ctx, &advice, j, fj) {
             continue;
         }
         idx.push(j, GFP_KERNEL)?;
@@ -313,7 +311,7 @@ pub(crate) fn make_room(dev: &Arc<Device>, want: usize, why: Why, within: Option
     // hand passes), so finding victims can take two sweeps over the pool.
     const BATCH: usize = 64;
     let rounds = 2 * (dev.nr_frames as usize / BATCH) + 2;
-    // Within a cgroup, `dmem.low` protects its children's frames until nothing else is left.
+    // `dmem.low` protects frames until nothing else is left (`dmem.min` always does).
     let mut ignore_low = false;
     'rounds: for _round in 0..rounds {
         if freed >= want {
@@ -321,7 +319,7 @@ pub(crate) fn make_room(dev: &Arc<Device>, want: usize, why: Why, within: Option
         }
         let Ok(victims) = dev.victims(BATCH.min(want - freed).max(8), limit, ignore_low) else { break };
         if victims.is_empty() {
-            if limit.is_some() && !ignore_low {
+            if !ignore_low {
                 ignore_low = true;
                 continue;
             }

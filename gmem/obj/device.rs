@@ -749,42 +749,42 @@ impl Device {
         }
     }
 
-    /// Whether `frame`'s charge lies within `limit` (so that evicting it makes room there).
-    pub(crate) fn charged_within(&self, frame: u32, limit: &Limit) -> bool {
-        self.pool().charges.get(frame as usize).is_some_and(|c| limit.covers(c, true))
+    /// `frame`'s flags if it may go in an eviction for `limit` (its charge lies within that
+    /// pool) or, without one, for the full device (its cgroup's `dmem.min` does not protect
+    /// it); `None` if not (one acquisition of the pool lock).
+    pub(crate) fn flags_if_evictable(&self, frame: u32, limit: Option<&Limit>) -> Option<u8> {
+        let pool = self.pool();
+        let c = pool.charges.get(frame as usize)?;
+        eligible(c, limit, true).then(|| pool.flags.get(frame as usize).copied().unwrap_or(0))
     }
 
     pub(crate) fn flags(&self, frame: u32) -> u8 {
         self.pool().flags.get(frame as usize).copied().unwrap_or(0)
     }
 
-    /// Up to `n` victims in replacement order, with who holds them; with a `limit`, only
-    /// frames charged within that cgroup pool (and not protected in it; `ignore_low` drops
-    /// the `dmem.low` protection).
+    /// Up to `n` victims in replacement order, with who holds them: with a `limit`, only
+    /// frames charged within that cgroup pool and not protected in it; without one (the
+    /// device is full), only frames their cgroups' `dmem.min` does not protect. Either way
+    /// `dmem.low` protects too, unless `ignore_low`.
     pub(crate) fn victims(&self, n: usize, limit: Option<&Limit>, ignore_low: bool) -> Result<KVec<(u32, Owner)>> {
         let mut picked = [0u64; 64];
         let n = n.min(picked.len());
         let mut pool = self.pool();
         let FramePool { flags, hand, owner, charges, .. } = &mut *pool;
-        let k = match limit {
-            None => Clock::new(flags, hand).select(&mut picked[..n]),
-            Some(limit) => {
-                // Frames of one pool share the answer: the last one is remembered.
-                let mut last: Option<(usize, bool)> = None;
-                let mut eligible = |f: usize| {
-                    let Some(c) = charges.get(f) else { return false };
-                    if let Some((g, yes)) = last {
-                        if charges.get(g).is_some_and(|cg| Limit::same(cg, c)) {
-                            return yes;
-                        }
-                    }
-                    let yes = limit.covers(c, ignore_low);
-                    last = Some((f, yes));
-                    yes
-                };
-                Clock::new(flags, hand).select_where(&mut picked[..n], &mut eligible)
+        // Frames of one pool share the answer: the last one is remembered.
+        let mut last: Option<(usize, bool)> = None;
+        let mut test = |f: usize| {
+            let Some(c) = charges.get(f) else { return false };
+            if let Some((g, yes)) = last {
+                if charges.get(g).is_some_and(|cg| Limit::same(cg, c)) {
+                    return yes;
+                }
             }
+            let yes = eligible(c, limit, ignore_low);
+            last = Some((f, yes));
+            yes
         };
+        let k = Clock::new(flags, hand).select_where(&mut picked[..n], &mut test);
         let mut out = KVec::with_capacity(k, GFP_KERNEL)?;
         for &f in &picked[..k] {
             if let Some(o) = owner.get(f as usize).and_then(|o| o.clone()) {
@@ -827,6 +827,14 @@ impl Device {
     /// Frames parked here by peers.
     pub(crate) fn frames_lent(&self) -> u64 {
         self.pool().lent
+    }
+}
+
+/// Whether a frame holding `charge` may be evicted for `limit` (see [`Device::victims`]).
+fn eligible(charge: &Charge, limit: Option<&Limit>, ignore_low: bool) -> bool {
+    match limit {
+        Some(l) => l.covers(charge, ignore_low),
+        None => !charge.protected(ignore_low),
     }
 }
 

@@ -147,6 +147,18 @@ unsafe impl Sync for Charge {}
 impl Charge {
     /// No charge (a free frame, or one allocated without charging).
     pub(crate) const NONE: Charge = Charge(None);
+
+    /// Whether the frame's cgroup protects it from an eviction that makes room on a full
+    /// device (no cgroup limit involved): its use is within its effective `dmem.min`, or,
+    /// unless `ignore_low`, its `dmem.low`. A frame without a charge is not protected.
+    pub(crate) fn protected(&self, ignore_low: bool) -> bool {
+        match self.0 {
+            // SAFETY: the pool is live (type invariant); with no limit pool the query
+            // measures protection against the root, reading under RCU only.
+            Some(p) => !unsafe { gmem_dmem_evictable(core::ptr::null_mut(), p.as_ptr(), ignore_low) },
+            None => false,
+        }
+    }
 }
 
 impl Drop for Charge {

@@ -262,6 +262,36 @@ fn lowered_limit_reclaims() -> TestResult {
     })
 }
 
+/// `dmem.min` protects a cgroup's frames when the device itself is full: a process in a
+/// protected cgroup holds a quarter of device 0, another (unprotected) streams twice the
+/// device through it; the stream completes by evicting its own pages, the protected charge
+/// does not move, and both keep their data. (Without the protection the protected pages,
+/// cold since their fill, are the first victims.)
+fn min_protects_on_a_full_device() -> TestResult {
+    let (p, q) = (dmemcg("gmem_dmem_min")?, dmemcg("gmem_dmem_stream")?);
+    let (_g, s) = open()?;
+    let cap = ok!(s.info()).nr_frames * 4096;
+    let f = format!("{p}/dmem.min");
+    std::fs::write(&f, format!("{REGION} {}", cap / 2)).map_err(|e| format!("{f}: {e}"))?;
+    quiet(|| {
+        device_idle()?;
+        let (pp, mut lp) = worker(&p, cap / 4, 0x6161, false)?;
+        ensure!(lp.wait(), "protected worker failed");
+        let held = current(&p)?;
+        ensure!(held == cap / 4, "the protected cgroup holds {held}, wrote {}", cap / 4);
+        let ev0 = device_attr("stats/evicted_to_host")?;
+        let (pq, mut lq) = worker(&q, 2 * cap, 0x7171, false)?;
+        ensure!(lq.wait(), "streaming worker failed");
+        let evicted = device_attr("stats/evicted_to_host")? - ev0;
+        ensure!(evicted * 4096 >= cap, "the stream evicted only {evicted} pages: the device never filled");
+        ensure!(current(&p)? == held, "the stream evicted protected pages: {held} -> {}", current(&p)?);
+        ensure!(finish(pq, &mut lq) == 0, "streamed data not intact");
+        ensure!(finish(pp, &mut lp) == 0, "protected data not intact");
+        drained(&p)?;
+        drained(&q)
+    })
+}
+
 pub fn tests() -> Vec<crate::harness::Test> {
     use crate::harness::Test;
     vec![
@@ -269,5 +299,6 @@ pub fn tests() -> Vec<crate::harness::Test> {
         Test { name: "dmem_two_cgroups_share_a_device", f: two_cgroups_share_a_device },
         Test { name: "dmem_pins_count", f: pins_count },
         Test { name: "dmem_lowered_limit_reclaims", f: lowered_limit_reclaims },
+        Test { name: "dmem_min_protects_on_a_full_device", f: min_protects_on_a_full_device },
     ]
 }
