@@ -282,12 +282,14 @@ fn p4_plan(smoke: bool) -> (Vec<P4Config>, Vec<f64>, u64) {
 }
 
 fn targets(out: &Json) -> Json {
-    let p4_slowdown = |cfg: &str, kind: &str| -> Option<f64> {
+    // A figure of the 2x row of a P4 configuration's run kind.
+    let p4_at_2x = |cfg: &str, kind: &str, field: &str| -> Option<f64> {
         let Some(Json::Array(cfgs)) = out.get("p4").and_then(|p| p.get("configs")) else { return None };
         let c = cfgs.iter().find(|c| matches!(c.get("name"), Some(Json::String(n)) if n == cfg))?;
         let Some(Json::Array(rows)) = c.get(kind) else { return None };
-        rows.iter().find(|r| r.get("factor").and_then(Json::as_f64) == Some(2.0))?.get("slowdown")?.as_f64()
+        rows.iter().find(|r| r.get("factor").and_then(Json::as_f64) == Some(2.0))?.get(field)?.as_f64()
     };
+    let p4_slowdown = |cfg: &str, kind: &str| p4_at_2x(cfg, kind, "slowdown");
     // Judged on the like-for-like case: data copied both ways (dirty), against HMM without
     // the verification copy its ioctl adds.
     let p3 = num(out, &["p3", "ratio_dirty_vs_hmm_without_bounce"]);
@@ -408,6 +410,15 @@ fn targets(out: &Json) -> Json {
             p4_slowdown("preevict0_prefetch0", "stream_chunked"),
             "<=",
             1.5,
+            None,
+        ),
+        target(
+            "P4",
+            "2x stream, copies per page",
+            "copy-engine pages (zero fills included) per page of the region, 2x streaming (preevict=1 prefetch=1)",
+            p4_at_2x("preevict1_prefetch1", "stream", "copies_per_page"),
+            "<=",
+            2.05,
             None,
         ),
         target(
