@@ -421,6 +421,9 @@ impl SimFile {
         }
         let links = &self.dev.reg.data().links;
         if l.flags & LINK_SET != 0 {
+            if !sim_link::valid(&l.mbps, l.latency_ns) {
+                return Err(EINVAL);
+            }
             links.set(l.mbps, l.latency_ns);
         }
         for (k, p) in PATHS.iter().enumerate() {
@@ -530,6 +533,14 @@ impl kernel::Module for SimModule {
         let n = module_parameters::nr_devices.value() as usize;
         let mib = module_parameters::mem_mib.value() as usize;
         if n == 0 || n > MAX_SIM_DEVICES || mib == 0 || mib > 4096 {
+            return Err(EINVAL);
+        }
+        let link = [
+            module_parameters::link_h2d_mbps.value(),
+            module_parameters::link_d2h_mbps.value(),
+            module_parameters::link_d2d_mbps.value(),
+        ];
+        if !sim_link::valid(&link, module_parameters::link_latency_ns.value()) {
             return Err(EINVAL);
         }
         // SAFETY: called once, before any device exists.

@@ -12,10 +12,28 @@
 //!
 //! With every bandwidth and the latency at 0 (the default, and `make check`'s setting),
 //! nothing is reserved or waited for: today's unmodelled behaviour.
+//!
+//! Bounds: a model is accepted only with each bandwidth 0 or at least `MIN_MBPS` and the
+//! latency at most `MAX_LATENCY_NS` (so one 2 MiB call waits at most about a fifth of a
+//! second plus the latency), and a waiting copy sleeps in short steps and stops waiting when
+//! its task is being killed (the data have been moved already; only the pacing is cut).
+//! Setting a model drops the queue of the old one: later transfers start from now.
 
 use core::sync::atomic::{AtomicU64, Ordering};
 use kernel::prelude::*;
 use kernel::time::{delay::fsleep, Delta, Instant, Monotonic};
+
+/// Slowest modelled bandwidth accepted, MB/s (0 is unlimited).
+pub(crate) const MIN_MBPS: u64 = 10;
+/// Largest modelled latency accepted per copy call, ns (1 s).
+pub(crate) const MAX_LATENCY_NS: u64 = 1_000_000_000;
+/// Longest single sleep while waiting, ns (between them the wait checks for SIGKILL).
+const STEP_NS: u64 = 10_000_000;
+
+/// Whether a model is within the bounds above.
+pub(crate) fn valid(mbps: &[u64; 3], latency_ns: u64) -> bool {
+    mbps.iter().all(|&m| m == 0 || m >= MIN_MBPS) && latency_ns <= MAX_LATENCY_NS
+}
 
 /// A path of the link model.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -81,11 +99,13 @@ impl Links {
         u64::try_from((Instant::<Monotonic>::now() - self.epoch).as_nanos()).unwrap_or(0)
     }
 
-    /// Sets the model (bandwidths per path, latency per call); transfers already reserved
-    /// keep their times.
+    /// Sets the model (bandwidths per path, latency per call; the caller checked them with
+    /// [`valid`]). Transfers already booked keep their times; later ones no longer queue
+    /// behind them.
     pub(crate) fn set(&self, mbps: [u64; 3], latency_ns: u64) {
         for (p, m) in self.paths.iter().zip(mbps) {
             p.mbps.store(m, Ordering::Relaxed);
+            p.busy_until.store(0, Ordering::Relaxed);
         }
         self.latency_ns.store(latency_ns, Ordering::Relaxed);
     }
@@ -112,7 +132,8 @@ impl Links {
         if dur == 0 {
             return None;
         }
-        p.busy_ns.fetch_add(dur, Ordering::Relaxed);
+        // Saturating: with bounded models this cannot wrap in any realistic uptime.
+        let _ = p.busy_ns.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| Some(b.saturating_add(dur)));
         let now = self.now();
         let mut seen = p.busy_until.load(Ordering::Relaxed);
         loop {
@@ -132,15 +153,16 @@ pub(crate) struct Booking<'a> {
 }
 
 impl Booking<'_> {
-    /// Sleeps until the reservation's end (at once if the copy itself took longer).
+    /// Sleeps until the reservation's end (at once if the copy itself took longer), in
+    /// steps of at most 10 ms; a task being killed stops waiting.
     pub(crate) fn wait(self) {
         loop {
             let now = self.links.now();
-            if now >= self.end {
+            if now >= self.end || crate::gmem::sched::fatal_signal_pending() {
                 return;
             }
-            let left = i64::try_from(self.end - now).unwrap_or(i64::MAX);
-            fsleep(Delta::from_nanos(left));
+            let left = core::cmp::min(self.end - now, STEP_NS);
+            fsleep(Delta::from_nanos(i64::try_from(left).unwrap_or(i64::MAX)));
         }
     }
 }
@@ -161,6 +183,14 @@ mod tests {
         assert_eq!(transfer_ns(1, 3000, 0), 1);
         // Saturates instead of wrapping.
         assert_eq!(transfer_ns(u64::MAX, 1, u64::MAX), u64::MAX);
+    }
+
+    #[test]
+    fn models_out_of_bounds_are_refused() {
+        assert!(valid(&[0, 0, 0], 0));
+        assert!(valid(&[MIN_MBPS, 100_000, 0], MAX_LATENCY_NS));
+        assert!(!valid(&[MIN_MBPS - 1, 0, 0], 0));
+        assert!(!valid(&[0, 0, 0], MAX_LATENCY_NS + 1));
     }
 
     #[test]

@@ -86,8 +86,11 @@ struct gmem_sim_fail_copy {
  * device-local and not modelled. Module parameters link_{h2d,d2h,d2d}_mbps and
  * link_latency_ns set the initial model (all 0: unmodelled). The ioctl reports the model
  * and, per path, the bytes moved and the modelled busy time since the driver was loaded;
- * with GMEM_SIM_LINK_SET it first replaces the model (transfers under way keep theirs).
- * EINVAL: bad argsz, unknown flags, nonzero reserved.
+ * with GMEM_SIM_LINK_SET it first replaces the model (transfers under way keep their
+ * times; later ones no longer queue behind them). Bytes are counted when a copy call
+ * books its path. A waiting copy stops waiting when its task is being killed.
+ * EINVAL: bad argsz, unknown flags, nonzero reserved; with GMEM_SIM_LINK_SET, a
+ * bandwidth between 1 and 9 MB/s or a latency above 10^9 ns (1 s).
  */
 #define GMEM_SIM_PATH_H2D	0	/* host -> this device */
 #define GMEM_SIM_PATH_D2H	1	/* this device -> host */

@@ -6,7 +6,7 @@
 
 use crate::harness::{open, words, TestResult};
 use crate::{ensure, expect_errno, ok};
-use libgmem::sim::{Sim, SimLink, LINK_SET, PATH_D2H, PATH_H2D};
+use libgmem::sim::{checksum, Sim, SimLink, LINK_SET, PATH_D2H, PATH_H2D};
 use libgmem::GMEM_ADV_PREFETCH;
 use std::time::Instant;
 
@@ -45,10 +45,10 @@ fn paces_and_counts() -> TestResult {
         // 4096 B at 100 MB/s is exactly 40960 ns: no rounding per call.
         ensure!(busy == LEN as u64 * 1000 / 100, "H2D busy {busy} ns, model says {}", LEN as u64 * 10);
         ensure!(took >= busy, "the prefetch took {took} ns, less than the link's {busy} ns");
-        ensure!(
-            words(&r).iter().enumerate().all(|(i, &w)| w == i as u32 ^ 0x5a5a_0000),
-            "data changed on the way through the modelled link"
-        );
+        // The device reads what crossed the link (the CPU would read its own host copy).
+        let want: Vec<u32> = (0..LEN / 4).map(|i| i as u32 ^ 0x5a5a_0000).collect();
+        let o = ok!(s.checksum(r.addr, LEN as u64));
+        ensure!(o.result == checksum(&want), "data changed on the way through the modelled link");
         // Reading them back from the CPU dropped the device copies (they were clean): now
         // the device writes every page (dirty, host copies released), and the CPU reads
         // them back, every page crossing D2H once.
@@ -90,13 +90,24 @@ fn latency_per_call() -> TestResult {
 
 fn refuses_bad_input() -> TestResult {
     let (_g, s) = open()?;
+    let before = ok!(s.link());
     let good = || SimLink { argsz: std::mem::size_of::<SimLink>() as u32, ..Default::default() };
     expect_errno!(s.link_raw(&mut SimLink { argsz: 8, ..good() }), libc::EINVAL);
     expect_errno!(s.link_raw(&mut SimLink { flags: 2, ..good() }), libc::EINVAL);
-    expect_errno!(s.link_raw(&mut SimLink { flags: LINK_SET, reserved: [0, 1], mbps: [9; 3], ..good() }), libc::EINVAL);
+    expect_errno!(
+        s.link_raw(&mut SimLink { flags: LINK_SET, reserved: [0, 1], mbps: [20; 3], ..good() }),
+        libc::EINVAL
+    );
+    // Out of bounds: a bandwidth below 10 MB/s (but not 0), a latency above 1 s.
+    expect_errno!(s.link_raw(&mut SimLink { flags: LINK_SET, mbps: [9, 0, 0], ..good() }), libc::EINVAL);
+    expect_errno!(s.link_raw(&mut SimLink { flags: LINK_SET, latency_ns: 1_000_000_001, ..good() }), libc::EINVAL);
+    expect_errno!(s.link_raw(&mut SimLink { flags: LINK_SET, mbps: [u64::MAX, 0, 1], ..good() }), libc::EINVAL);
     // Refused calls changed nothing; a read without SET changes nothing either.
-    let l = ok!(s.link_raw(&mut SimLink { mbps: [5; 3], latency_ns: 5, ..good() }));
-    ensure!(l.mbps == [0; 3] && l.latency_ns == 0, "model changed without GMEM_SIM_LINK_SET: {l:?}");
+    let l = ok!(s.link_raw(&mut SimLink { mbps: [50; 3], latency_ns: 5, ..good() }));
+    ensure!(
+        l.mbps == before.mbps && l.latency_ns == before.latency_ns,
+        "model changed by refused calls or without GMEM_SIM_LINK_SET: {before:?} -> {l:?}"
+    );
     Ok(())
 }
 
