@@ -4,8 +4,11 @@
 //! `include/linux/gmem.h`), and is honest about what a device is:
 //! - its own memory: a pool of frames (`sim_mem.rs`), capacity set by `mem_mib`;
 //! - its own page table per address space (`sim_pt.rs`), driven only by gmem's callbacks;
-//! - a copy engine (the `copy` callback) moving pages host<->frame and frame<->peer frame,
-//!   over links whose bandwidth and latency can be modelled (`sim_link.rs`);
+//! - copy engines moving pages host<->frame and frame<->peer frame, over links whose
+//!   bandwidth and latency can be modelled (`sim_link.rs`): `copy_channels` channels per
+//!   device that run on the sim's own workqueue beside everything else (`sim_chan.rs`,
+//!   the `copy_async` callback), or with 0 channels synchronously in gmem's thread (the
+//!   `copy` callback);
 //! - kernels (`sim_kernels.rs`) that access memory only through that page table and report
 //!   misses to gmem in batches, then replay.
 //!
@@ -36,12 +39,13 @@ use kernel::{
 
 #[path = "../include/rust/gmem.rs"]
 mod gmem;
+mod sim_chan;
 mod sim_kernels;
 mod sim_link;
 mod sim_mem;
 mod sim_pt;
 
-use gmem::{CopyJob, Frame, Pte, Registration, Space, Target};
+use gmem::{CopyJob, Frame, Pte, Registration, Space, Submission, Target};
 use sim_kernels::{Launch, Runner};
 use sim_mem::Pool;
 use sim_pt::{encode, SimCtx};
@@ -81,6 +85,10 @@ module! {
             default: 0,
             description: "Modelled latency of each copy-engine call, ns",
         },
+        copy_channels: u32 {
+            default: 2,
+            description: "Copy channels per device, run on workers (0: synchronous copies; up to 16)",
+        },
     },
 }
 
@@ -105,6 +113,9 @@ pub(crate) struct SimDev {
     fail_err: AtomicU32,
     /// The link model (`GMEM_SIM_IOC_LINK`, module parameters `link_*`).
     links: sim_link::Links,
+    /// The copy channels (`copy_channels`) and what they did.
+    channels: sim_chan::Channels,
+    pub(crate) chan: sim_chan::ChanStats,
     /// Set once gmem's unregistration returned: gmem promises no callback after that, and
     /// the sim checks it (a callback then is logged and WARNs, which fails the test run).
     /// The `SimDev` outlives its registration (the module keeps a reference) for this.
@@ -131,6 +142,49 @@ impl SimDev {
             kernel::warn_on!(true);
         }
         self
+    }
+
+    /// Runs one batch of copies on the copy engine (in the caller's thread: gmem's for a
+    /// synchronous copy, a channel's worker for an asynchronous one).
+    pub(crate) fn run_copy(&self, job: CopyJob<'_, Self>) -> Result {
+        let n = match &job {
+            CopyJob::ToDevice(c) | CopyJob::ToHost(c) => c.len(),
+            CopyJob::ToPeer(_, c) | CopyJob::Zero(c) => c.len(),
+        };
+        // An armed failure fires once, in the middle of the first call long enough for it.
+        // (A copy after unregistration, even one queued on a channel, is a gmem bug.)
+        let armed = self.live().fail_after.load(Ordering::Acquire);
+        let fires = armed < n as u64
+            && self.fail_after.compare_exchange(armed, NO_FAILURE, Ordering::AcqRel, Ordering::Relaxed).is_ok();
+        // `armed < n` when it fires, so the cut fits a usize.
+        let todo = if fires { armed as usize } else { n };
+        // The transfer occupies its link from now on; the data moves while it does.
+        let bytes = (todo as u64).saturating_mul(gmem::PAGE_SIZE);
+        let booking = match &job {
+            CopyJob::ToDevice(_) => self.links.book(sim_link::Path::H2D, bytes),
+            CopyJob::ToHost(_) => self.links.book(sim_link::Path::D2H, bytes),
+            CopyJob::ToPeer(..) => self.links.book(sim_link::Path::D2D, bytes),
+            // Device memory is not a link.
+            CopyJob::Zero(_) => None,
+        };
+        let r = match job {
+            CopyJob::ToDevice(c) => c[..todo].iter().try_for_each(|e| self.pool.upload(e.frame().index(), e.host())),
+            CopyJob::ToHost(c) => c[..todo].iter().try_for_each(|e| self.pool.download(e.frame().index(), e.host())),
+            CopyJob::ToPeer(peer, c) => c[..todo]
+                .iter()
+                .try_for_each(|e| self.pool.to_peer(e.frame().index(), &peer.live().pool, e.peer_frame().index())),
+            CopyJob::Zero(c) => c[..todo].iter().try_for_each(|e| self.pool.zero(e.frame().index())),
+        };
+        if let Some(b) = booking {
+            b.wait();
+        }
+        r?;
+        self.copies.fetch_add(todo as u64, Ordering::Relaxed);
+        if fires {
+            // `fail_err` is in 1..=4095 (checked when armed).
+            return Err(Error::from_errno(-(self.fail_err.load(Ordering::Relaxed) as i32)));
+        }
+        Ok(())
     }
 
     /// Installs one entry in `pt` (frames checked against the pool).
@@ -192,43 +246,11 @@ impl gmem::Driver for SimDev {
     }
 
     fn copy(&self, job: CopyJob<'_, Self>) -> Result {
-        let n = match &job {
-            CopyJob::ToDevice(c) | CopyJob::ToHost(c) => c.len(),
-            CopyJob::ToPeer(_, c) | CopyJob::Zero(c) => c.len(),
-        };
-        // An armed failure fires once, in the middle of the first call long enough for it.
-        let armed = self.live().fail_after.load(Ordering::Acquire);
-        let fires = armed < n as u64
-            && self.fail_after.compare_exchange(armed, NO_FAILURE, Ordering::AcqRel, Ordering::Relaxed).is_ok();
-        // `armed < n` when it fires, so the cut fits a usize.
-        let todo = if fires { armed as usize } else { n };
-        // The transfer occupies its link from now on; the data moves while it does.
-        let bytes = (todo as u64).saturating_mul(gmem::PAGE_SIZE);
-        let booking = match &job {
-            CopyJob::ToDevice(_) => self.links.book(sim_link::Path::H2D, bytes),
-            CopyJob::ToHost(_) => self.links.book(sim_link::Path::D2H, bytes),
-            CopyJob::ToPeer(..) => self.links.book(sim_link::Path::D2D, bytes),
-            // Device memory is not a link.
-            CopyJob::Zero(_) => None,
-        };
-        let r = match job {
-            CopyJob::ToDevice(c) => c[..todo].iter().try_for_each(|e| self.pool.upload(e.frame().index(), e.host())),
-            CopyJob::ToHost(c) => c[..todo].iter().try_for_each(|e| self.pool.download(e.frame().index(), e.host())),
-            CopyJob::ToPeer(peer, c) => c[..todo]
-                .iter()
-                .try_for_each(|e| self.pool.to_peer(e.frame().index(), &peer.live().pool, e.peer_frame().index())),
-            CopyJob::Zero(c) => c[..todo].iter().try_for_each(|e| self.pool.zero(e.frame().index())),
-        };
-        if let Some(b) = booking {
-            b.wait();
-        }
-        r?;
-        self.copies.fetch_add(todo as u64, Ordering::Relaxed);
-        if fires {
-            // `fail_err` is in 1..=4095 (checked when armed).
-            return Err(Error::from_errno(-(self.fail_err.load(Ordering::Relaxed) as i32)));
-        }
-        Ok(())
+        self.run_copy(job)
+    }
+
+    fn copy_async(this: &Arc<Self>, channel: u32, sub: Submission<Self>) {
+        this.live().channels.start(this, channel, sub);
     }
 
     fn frame_page(&self, frame: Frame) -> Option<&Page> {
@@ -291,6 +313,12 @@ struct InfoArg {
     tlb_flushes: u64,
     ptes_2m: u64,
     splits_2m: u64,
+    channels: u32,
+    pad: u32,
+    async_calls: u64,
+    async_pages: u64,
+    inflight: u64,
+    max_inflight: u64,
 }
 // SAFETY: integers only, no padding.
 unsafe impl FromBytes for InfoArg {}
@@ -408,6 +436,11 @@ impl SimFile {
         i.tlb_flushes = d.tlb_flushes.load(Ordering::Relaxed);
         i.ptes_2m = d.ptes_2m.load(Ordering::Relaxed);
         i.splits_2m = d.splits_2m.load(Ordering::Relaxed);
+        i.channels = d.channels.len();
+        i.async_calls = d.chan.async_calls.load(Ordering::Relaxed);
+        i.async_pages = d.chan.async_pages.load(Ordering::Relaxed);
+        i.inflight = d.chan.inflight.load(Ordering::Relaxed);
+        i.max_inflight = d.chan.max_inflight.load(Ordering::Relaxed);
         w.write(&i)
     }
 
@@ -475,6 +508,9 @@ struct SimModule {
     /// The devices' data, kept past their registrations (see `SimDev::unregistered`).
     data: KVec<Arc<SimDev>>,
     _faux: faux::Registration,
+    /// The copy channels' workqueue: declared last, so dropped (drained) after every
+    /// device is unregistered and its data released.
+    wq: sim_chan::Wq,
 }
 
 impl SimModule {
@@ -500,12 +536,18 @@ impl SimModule {
                     module_parameters::link_latency_ns.value(),
                 ),
                 unregistered: AtomicBool::new(false),
+                channels: sim_chan::Channels::new(&self.wq, module_parameters::copy_channels.value())?,
+                chan: sim_chan::ChanStats::default(),
             },
             GFP_KERNEL,
         )?;
         self.data.push(dev.clone(), GFP_KERNEL)?;
-        let opts =
-            gmem::Options { name: NAMES[index], nr_frames: frames as u64, map_2m: module_parameters::map_2m.value() };
+        let opts = gmem::Options {
+            name: NAMES[index],
+            nr_frames: frames as u64,
+            map_2m: module_parameters::map_2m.value(),
+            channels: dev.channels.len(),
+        };
         let reg = Registration::new(opts, dev)?;
         pr_info!("gmem_sim{}: gmem device {}, {} frames\n", index, reg.id(), frames);
         let sd = Arc::new(SimDevice { reg, misc: AtomicUsize::new(0) }, GFP_KERNEL)?;
@@ -535,6 +577,9 @@ impl kernel::Module for SimModule {
         if n == 0 || n > MAX_SIM_DEVICES || mib == 0 || mib > 4096 {
             return Err(EINVAL);
         }
+        if module_parameters::copy_channels.value() > sim_chan::MAX_CHANNELS {
+            return Err(EINVAL);
+        }
         let link = [
             module_parameters::link_h2d_mbps.value(),
             module_parameters::link_d2h_mbps.value(),
@@ -550,6 +595,7 @@ impl kernel::Module for SimModule {
             devs: KVec::new(),
             data: KVec::new(),
             _faux: faux::Registration::new(c"gmem_sim", None)?,
+            wq: sim_chan::Wq::new()?,
         };
         // On failure `m` is dropped, which removes what was added.
         for i in 0..n {

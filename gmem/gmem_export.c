@@ -32,6 +32,7 @@ EXPORT_SYMBOL_GPL(gmem_space_get_current);
 EXPORT_SYMBOL_GPL(gmem_space_put);
 EXPORT_SYMBOL_GPL(gmem_space_ctx);
 EXPORT_SYMBOL_GPL(gmem_dev_fault);
+EXPORT_SYMBOL_GPL(gmem_fence_signal);
 
 /*
  * gmem's own workqueue (async prefetch fences, pre-eviction, background write-back):
@@ -165,5 +166,7 @@ const unsigned long gmem_c_abi_layout[] = {
 	offsetof(struct gmem_dev_props, drv),
 	offsetof(struct gmem_dev_props, caps),
 	offsetof(struct gmem_pte, flags),
+	offsetof(struct gmem_dev_ops, copy_async),
+	offsetof(struct gmem_dev_props, nr_channels),
 };
 const unsigned long gmem_c_abi_layout_len = ARRAY_SIZE(gmem_c_abi_layout);

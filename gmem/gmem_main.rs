@@ -63,6 +63,7 @@ mod obj {
     pub(crate) mod device;
     pub(crate) mod devices;
     pub(crate) mod dmem;
+    pub(crate) mod fence;
     pub(crate) mod host_page;
     pub(crate) mod meta;
     pub(crate) mod pin_quota;

@@ -12,7 +12,9 @@
 //!    errors (host memory short) are retried with backoff, and only the last pass gives up
 //!    on a page, which then becomes *lost* (holds nothing; accesses fail; counted, logged).
 //! 3. `quiesce`: refuse new callback sections, wait for the running ones, destroy every
-//!    context of the device (also those of spaces only a driver still references).
+//!    context of the device (also those of spaces only a driver still references). An
+//!    asynchronous copy keeps the callback sections of its devices (source and peer) open
+//!    until its fence is signalled, so this also waits for every copy in flight.
 //! 4. Unregister the device's dmem cgroup region (waiting for its reclaim callbacks).
 //! 5. Forget the id — only if no frame of the device is in use any more. Otherwise (a bug:
 //!    some page was missed) the id stays reserved by the dead device forever, so that no
@@ -83,6 +85,22 @@ pub(crate) unsafe extern "C" fn gmem_dev_unregister(dev: *mut GmemDevHandle) {
         // Some page still names this device: keep its id reserved (see the module doc).
         pr_err!("device {} unregistered with {} frames still in use; id {} stays reserved\n", dev.id, used, dev.id);
     }
+}
+
+/// `gmem_fence_signal()` of the C ABI: a driver completes an asynchronous copy.
+///
+/// # Safety
+/// `fence` must be a fence gmem passed to `copy_async` for a copy the driver accepted and
+/// has not signalled yet (the executor keeps it alive until then: `obj/fence.rs`).
+#[no_mangle]
+pub(crate) unsafe extern "C" fn gmem_fence_signal(fence: *mut crate::abi::GmemFenceHandle, err: c_int) {
+    if fence.is_null() {
+        pr_err!("gmem_fence_signal: NULL fence\n");
+        kernel::warn_on!(true);
+        return;
+    }
+    // SAFETY: a live fence by the caller's contract.
+    unsafe { &*fence.cast::<crate::obj::fence::Fence>() }.signal(err);
 }
 
 /// `gmem_dev_id()` of the C ABI.

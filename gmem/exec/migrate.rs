@@ -10,9 +10,10 @@
 
 use crate::abi::{GmemCopy, GmemPte, GMEM_COPY_D2D, GMEM_COPY_D2H, GMEM_COPY_H2D, GMEM_COPY_ZERO};
 use crate::abi::{GMEM_PROT_READ, GMEM_PROT_WRITE, GMEM_PTE_2M};
-use crate::obj::device::{self as devmod, DevStats, Device, DeviceOps, FrameOp, Owner, F_PREFETCHED};
+use crate::obj::device::{self as devmod, DevStats, Device, DeviceOps, FrameOp, Ops, Owner, F_PREFETCHED};
 use crate::obj::devices;
 use crate::obj::dmem::{Charge, Limit};
+use crate::obj::fence::Fence;
 use crate::obj::host_page::HostPage;
 use crate::obj::region::{devices_in, Pages, Region, PAGE_SIZE};
 use crate::obj::space::Space;
@@ -106,6 +107,11 @@ struct Devs([Option<Arc<Device>>; MAX_DEVICES]);
 impl Devs {
     fn new() -> Self {
         Devs(Default::default())
+    }
+
+    /// A device already looked up with [`Devs::get`].
+    fn peek(&self, id: u8) -> Result<&Arc<Device>> {
+        self.0.get(id as usize).and_then(Option::as_ref).ok_or(ENODEV)
     }
 
     fn get(&mut self, id: u8) -> Result<&Arc<Device>> {
@@ -259,42 +265,62 @@ fn copy_entry(p: &Pages, st: &Step, fresh: &Fresh) -> Result<Option<(CopyKey, Gm
     }))
 }
 
-/// Step 3 for a whole batch: one driver call per (direction, source, destination), with
-/// every page of the batch that needs it; host-side zero fills in place. Allocates only
-/// for calls of more than one page.
-fn copy_batch(p: &Pages, steps: &[Step], fresh: &[Fresh], devs: &mut Devs) -> Result {
-    let entry = |k: usize| copy_entry(p, &steps[k], &fresh[k]);
-    for (k, st) in steps.iter().enumerate() {
-        if st.a.copy == Copy::ZeroHost && !fresh[k].host {
+/// Smallest share of a copy that is worth a channel of its own (256 KiB): a call of
+/// fewer pages goes to one channel whole.
+const CHUNK_MIN_PAGES: usize = 64;
+
+/// The pages of one copy call, in `chunks` nearly equal consecutive parts of at least
+/// `CHUNK_MIN_PAGES` each (at least one part): the shares of the device's channels.
+fn shares(n: usize, channels: u32) -> usize {
+    core::cmp::max(1, core::cmp::min(channels as usize, n / CHUNK_MIN_PAGES))
+}
+
+/// One driver call of step 4 while it may be in flight: the fence the driver signals (none
+/// for a synchronous call, done on return), and the callback sections of its devices, held
+/// open until then so that unregistration (`Device::quiesce`) waits for the copy.
+struct Call<'d> {
+    fence: Option<Pin<KBox<Fence>>>,
+    _src: Ops<'d>,
+    _dst: Option<Ops<'d>>,
+}
+
+/// Step 3b: the entries of every copy the batch needs, grouped by (direction, source,
+/// destination) in the order the groups first appear; host-side zero fills are done here,
+/// in place.
+fn copy_lists(p: &Pages, steps: &[Step], fresh: &[Fresh]) -> Result<KVec<(CopyKey, KVec<GmemCopy>)>> {
+    let mut lists: KVec<(CopyKey, KVec<GmemCopy>)> = KVec::new();
+    for (st, f) in steps.iter().zip(fresh.iter()) {
+        if st.a.copy == Copy::ZeroHost && !f.host {
             // A fresh host page comes zeroed; an existing one is cleared here.
             if let Some(pg) = p.host(st.i) {
                 pg.zero();
             }
         }
-        let Some((key, first)) = entry(k)? else { continue };
-        // The first step with this key makes the call for all of them.
-        if steps[..k].iter().enumerate().any(|(j, _)| matches!(entry(j), Ok(Some((kj, _))) if kj == key)) {
-            continue;
-        }
-        let mut n = 0usize;
-        for m in k..steps.len() {
-            n += usize::from(matches!(entry(m)?, Some((km, _)) if km == key));
-        }
-        let mut list: KVec<GmemCopy> = KVec::new();
-        if n > 1 {
-            list.reserve(n, GFP_KERNEL)?;
-            for m in k..steps.len() {
-                if let Some((km, c)) = entry(m)? {
-                    if km == key {
-                        list.push(c, GFP_KERNEL)?;
-                    }
-                }
+        let Some((key, c)) = copy_entry(p, st, f)? else { continue };
+        let k = match lists.iter().position(|(k, _)| *k == key) {
+            Some(k) => k,
+            None => {
+                lists.push((key, KVec::new()), GFP_KERNEL)?;
+                lists.len() - 1
             }
-        }
-        let one = [first];
-        let pages: &[GmemCopy] = if n > 1 { &list } else { &one };
-        let (dir, from, to) = key;
-        let src = devs.get(from)?.clone();
+        };
+        lists[k].1.push(c, GFP_KERNEL)?;
+    }
+    Ok(lists)
+}
+
+/// Step 4 for a whole batch: one driver call per (direction, source, destination), split
+/// over the source device's copy channels when it has them and the call is large
+/// (`shares`). Every call is started before any is waited for, so the copies of one batch
+/// (a fetch and an eviction's write-back, the shares of one large fetch) run at once; then
+/// every started call is waited for, whatever failed, and the first error is returned.
+/// No page, frame or entry of a copy is let go before its call completed.
+fn copy_batch(lists: &[(CopyKey, KVec<GmemCopy>)], devs: &Devs) -> Result {
+    let mut calls: KVec<Call<'_>> = KVec::new();
+    let mut res = Ok(());
+    'submit: for ((dir, from, to), pages) in lists.iter() {
+        let (dir, from, to) = (*dir, *from, *to);
+        let src = devs.peek(from)?;
         let stat = match dir {
             GMEM_COPY_ZERO => &src.stats.pages_zeroed,
             GMEM_COPY_H2D => &src.stats.pages_h2d,
@@ -302,23 +328,84 @@ fn copy_batch(p: &Pages, steps: &[Step], fresh: &[Fresh], devs: &mut Devs) -> Re
             _ => &src.stats.pages_d2d,
         };
         DevStats::add(stat, pages.len() as u64);
-        DevStats::add(&src.stats.copy_calls, 1);
         trace::migrate(dir, src.id, (dir == GMEM_COPY_D2D).then_some(usize::from(to)), pages.len());
-        let sops = src.ops().ok_or(ENODEV)?;
-        if dir == GMEM_COPY_D2D {
-            let dst = devs.get(to)?.clone();
-            if !src.same_driver(&dst) {
+        let peer = if dir == GMEM_COPY_D2D {
+            let dst = devs.peek(to)?;
+            if !src.same_driver(dst) {
                 // Peer copies need one driver on both ends; the state machine's caller
                 // only offers peers of the same driver (see `evict::peer_for`).
-                return Err(EXDEV);
+                res = Err(EXDEV);
+                break;
             }
-            let dops = dst.ops().ok_or(ENODEV)?;
-            sops.copy(dir, pages, Some(&*dops))?;
+            Some(dst)
         } else {
-            sops.copy(dir, pages, None)?;
+            None
+        };
+        let chans = src.ops().ok_or(ENODEV)?.channels();
+        let k = shares(pages.len(), chans);
+        let per = pages.len().div_ceil(k);
+        for part in pages.chunks(per) {
+            let (Some(sops), dops) = (src.ops(), peer.map(|d| d.ops())) else {
+                res = Err(ENODEV);
+                break 'submit;
+            };
+            let dops = match dops {
+                Some(None) => {
+                    res = Err(ENODEV);
+                    break 'submit;
+                }
+                Some(Some(o)) => Some(o),
+                None => None,
+            };
+            if calls.reserve(1, GFP_KERNEL).is_err() {
+                res = Err(ENOMEM);
+                break 'submit;
+            }
+            DevStats::add(&src.stats.copy_calls, 1);
+            if chans == 0 {
+                // Synchronous: done (or failed) on return.
+                let r = sops.copy(dir, part, dops.as_deref());
+                let _ = calls.push_within_capacity(Call { fence: None, _src: sops, _dst: dops });
+                if let Err(e) = r {
+                    res = Err(e);
+                    break 'submit;
+                }
+                continue;
+            }
+            let fence = match Fence::new() {
+                Ok(f) => f,
+                Err(e) => {
+                    res = Err(e);
+                    break 'submit;
+                }
+            };
+            let chan = src.next_channel(chans);
+            // SAFETY: `part` lives in `lists`, the pages and frames it names in the
+            // caller's batch (under the block lock), and `fence` in `calls`; all of them
+            // outlive the wait below, which every accepted call gets.
+            let r = unsafe { sops.copy_async(chan, dir, part, dops.as_deref(), &fence) };
+            match r {
+                Ok(()) => {
+                    let _ = calls.push_within_capacity(Call { fence: Some(fence), _src: sops, _dst: dops });
+                }
+                Err(e) => {
+                    // Refused: nothing was copied and the fence will not be signalled.
+                    res = Err(e);
+                    break 'submit;
+                }
+            }
         }
     }
-    Ok(())
+    for c in calls.iter() {
+        if let Some(f) = &c.fence {
+            if let Err(e) = f.wait() {
+                if res.is_ok() {
+                    res = Err(e);
+                }
+            }
+        }
+    }
+    res
 }
 
 /// Applies the transition `p.state(i) -> next` whose actions are `a` (one page).
@@ -340,8 +427,10 @@ pub(crate) fn apply(env: &Env<'_>, p: &mut Pages, i: usize, next: PageState, a: 
 ///    it and the rest are left untouched (the caller may evict and retry them);
 /// 2. one CPU zap per run of consecutive pages;
 /// 3. per device: one `unmap` and one `tlb_invalidate` per run of consecutive pages;
-/// 4. one `copy` per (direction, source, destination); if any fails, every step is
-///    undone (each page keeps its old state, its mappings revoked);
+/// 4. one copy per (direction, source, destination), split over the device's copy
+///    channels when it has them, all started before any is waited for (`copy_batch`); if
+///    any fails, every step is undone once all have completed (each page keeps its old
+///    state, its mappings revoked);
 /// 5. per page: release the old placement and commit the new state;
 /// 6. per device: one `map` with every new entry.
 pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outcome {
@@ -465,8 +554,16 @@ pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outco
         );
     }
 
-    // 4. Data.
-    if let Err(e) = copy_batch(p, steps, fresh, &mut devs) {
+    // 4. Data: every device a copy involves is looked up first (the calls in flight borrow
+    // them), then the copies run.
+    let copied = copy_lists(p, steps, fresh).and_then(|lists| {
+        for ((_, from, to), _) in lists.iter() {
+            devs.get(*from)?;
+            devs.get(*to)?;
+        }
+        copy_batch(&lists, &devs)
+    });
+    if let Err(e) = copied {
         for (st, f) in steps.iter().zip(fresh.iter()) {
             undo(p, st.i, f, &mut devs);
         }

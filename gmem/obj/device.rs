@@ -18,12 +18,13 @@
 //! driver's `ctx_create` is called under it. Driver callbacks are never called under a
 //! spinlock.
 
+use crate::abi::GMEM_MAX_CHANNELS;
 use crate::abi::{GmemCopy, GmemDevOps, GmemDevProps, GmemPte, GMEM_DEV_CAP_MAP_2M, GMEM_DRIVER_ABI_VERSION};
 use crate::obj::dmem::{self, Charge, Limit};
 use crate::obj::region::Region;
 use crate::policy::evict::{self as order, Clock, F_CLEAN, F_LENT, F_PINNED, F_REF, F_USED};
 use crate::policy::frames::{FrameMap, CHUNK_FRAMES};
-use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use kernel::{
     bindings,
     error::{to_result, VTABLE_DEFAULT_ERROR},
@@ -65,6 +66,22 @@ pub(crate) trait DeviceOps: Send + Sync {
     fn tlb_invalidate(&self, ctx: Ctx, va: u64, npages: u64);
     /// Copies pages (direction `GMEM_COPY_*`); `peer` is the destination device for D2D.
     fn copy(&self, dir: u32, pages: &[GmemCopy], peer: Option<&Self>) -> Result;
+    /// Copy channels the device runs at once (0: synchronous copies only).
+    fn channels(&self) -> u32;
+    /// Starts the same copy on channel `chan` (`< channels()`); `fence` is signalled when
+    /// it is done. `Err` means refused: nothing copied, `fence` never signalled.
+    ///
+    /// # Safety
+    /// `pages`, the pages and frames it names, and `fence` must stay valid and owned by the
+    /// caller until `fence` is signalled (the caller waits for it before it lets go).
+    unsafe fn copy_async(
+        &self,
+        chan: u32,
+        dir: u32,
+        pages: &[GmemCopy],
+        peer: Option<&Self>,
+        fence: &crate::obj::fence::Fence,
+    ) -> Result;
     /// The host-visible page behind a frame, if the device can expose it to the CPU.
     fn frame_page(&self, _frame: u64) -> Option<*mut bindings::page> {
         build_error!(VTABLE_DEFAULT_ERROR)
@@ -86,6 +103,8 @@ pub(crate) struct CDriver {
     drv: *mut c_void,
     /// `GMEM_DEV_CAP_*` the driver declared (only known bits).
     caps: u32,
+    /// Copy channels (`0..=GMEM_MAX_CHANNELS`; nonzero only with `copy_async`).
+    channels: u32,
 }
 
 // SAFETY: by the driver API contract the callbacks may be called from any thread.
@@ -117,11 +136,14 @@ impl CDriver {
         if !complete || p.nr_frames == 0 || p.nr_frames > u64::from(u32::MAX) {
             return Err(EINVAL);
         }
-        if p.caps & !GMEM_DEV_CAP_MAP_2M != 0 || p.reserved != 0 {
+        if p.caps & !GMEM_DEV_CAP_MAP_2M != 0 {
+            return Err(EINVAL);
+        }
+        if p.nr_channels > GMEM_MAX_CHANNELS || (p.nr_channels != 0 && o.copy_async.is_none()) {
             return Err(EINVAL);
         }
         // INVARIANT: checked above; lifetime by the caller's contract.
-        Ok((CDriver { ops, drv: p.drv, caps: p.caps }, p.nr_frames))
+        Ok((CDriver { ops, drv: p.drv, caps: p.caps, channels: p.nr_channels }, p.nr_frames))
     }
 
     /// The driver maps a whole 2 MiB block with one `GMEM_PTE_2M` entry when asked to.
@@ -186,6 +208,29 @@ impl DeviceOps for CDriver {
         // SAFETY: `pages` is valid for `n` reads; host pages and frames in it are owned by
         // the core for the duration of the call.
         to_result(unsafe { f(self.drv, dir, pages.as_ptr(), n, peer) })
+    }
+
+    fn channels(&self) -> u32 {
+        self.channels
+    }
+
+    unsafe fn copy_async(
+        &self,
+        chan: u32,
+        dir: u32,
+        pages: &[GmemCopy],
+        peer: Option<&Self>,
+        fence: &crate::obj::fence::Fence,
+    ) -> Result {
+        let f = self.ops().copy_async.ok_or(EINVAL)?;
+        if chan >= self.channels {
+            return Err(EINVAL);
+        }
+        let n = u32::try_from(pages.len()).map_err(|_| EINVAL)?;
+        let peer = peer.map_or(core::ptr::null_mut(), |p| p.drv);
+        // SAFETY: the callback is present; `pages` (n entries), what they name and `fence`
+        // stay valid until the fence is signalled (the caller's contract).
+        to_result(unsafe { f(self.drv, chan, dir, pages.as_ptr(), n, peer, fence.as_handle()) })
     }
 
     fn frame_page(&self, frame: u64) -> Option<*mut bindings::page> {
@@ -352,6 +397,8 @@ pub(crate) struct Device {
     drv: CDriver,
     /// False once unregistering started: nothing new is placed on the device.
     alive: AtomicBool,
+    /// Round-robin cursor over the copy channels (`next_channel`).
+    chan_rr: AtomicU32,
     /// True once unregistration quiesced the driver: no callback may be made any more.
     gone: AtomicBool,
     /// Callback sections (see the module documentation).
@@ -408,6 +455,7 @@ impl Device {
                 nr_frames,
                 drv,
                 alive: AtomicBool::new(true),
+                chan_rr: AtomicU32::new(0),
                 gone: AtomicBool::new(false),
                 callbacks <- new_srcu!("gmem_device_callbacks"),
                 ctxs <- new_mutex!(KVec::new(), "gmem_device_ctxs"),
@@ -434,6 +482,12 @@ impl Device {
 
     pub(crate) fn kill(&self) {
         self.alive.store(false, Ordering::Release);
+    }
+
+    /// The channel for the next copy call, round robin over `chans` (nonzero) channels,
+    /// so that the calls of concurrent batches spread over them.
+    pub(crate) fn next_channel(&self, chans: u32) -> u32 {
+        self.chan_rr.fetch_add(1, Ordering::Relaxed) % chans
     }
 
     /// Enters a callback section; `None` once the device is gone (the caller then skips the

@@ -114,7 +114,7 @@ mod tests {
             nr_frames,
             drv: core::ptr::null_mut(),
             caps: 0,
-            reserved: 0,
+            nr_channels: 0,
         }
     }
 
@@ -127,6 +127,7 @@ mod tests {
         copy: None,
         frame_page: None,
         test_clear_accessed: None,
+        copy_async: None,
     };
 
     #[test]
@@ -214,16 +215,39 @@ mod tests {
             copy: Some(cp),
             frame_page: None,
             test_clear_accessed: None,
+            copy_async: None,
         };
         let mut p = props(1);
-        // Capabilities: unknown bits and a nonzero reserved word are refused.
+        // Capabilities: unknown bits are refused; so are copy channels without `copy_async`
+        // and more channels than the API allows.
         p.caps = 2;
         // SAFETY: `OPS` is static and complete; `p` is a live local.
         assert_eq!(unsafe { CDriver::new(&OPS, &p) }.err(), Some(EINVAL));
-        (p.caps, p.reserved) = (crate::abi::GMEM_DEV_CAP_MAP_2M, 1);
+        (p.caps, p.nr_channels) = (crate::abi::GMEM_DEV_CAP_MAP_2M, 1);
         // SAFETY: as above.
         assert_eq!(unsafe { CDriver::new(&OPS, &p) }.err(), Some(EINVAL));
-        p.reserved = 0;
+        /// # Safety
+        /// Never called.
+        unsafe extern "C" fn ca(
+            _d: *mut c_void,
+            _ch: u32,
+            _r: u32,
+            _c: *const GmemCopy,
+            _n: u32,
+            _p: *mut c_void,
+            _f: *mut crate::abi::GmemFenceHandle,
+        ) -> c_int {
+            0
+        }
+        static ASYNC_OPS: GmemDevOps = GmemDevOps { copy_async: Some(ca), ..OPS };
+        p.nr_channels = crate::abi::GMEM_MAX_CHANNELS + 1;
+        // SAFETY: as above.
+        assert_eq!(unsafe { CDriver::new(&ASYNC_OPS, &p) }.err(), Some(EINVAL));
+        p.nr_channels = crate::abi::GMEM_MAX_CHANNELS;
+        // SAFETY: as above.
+        let d = unsafe { CDriver::new(&ASYNC_OPS, &p) };
+        assert_eq!(d.map(|(d, _)| crate::obj::device::DeviceOps::channels(&d)).ok(), Some(16));
+        p.nr_channels = 0;
         // SAFETY: as above.
         match unsafe { CDriver::new(&OPS, &p) } {
             Ok((d, _)) => {

@@ -31,14 +31,17 @@
  * define GMEM_DRIVER_ABI_VERSION - version of this API, for &gmem_dev_props.abi_version
  *
  * 2: the ops gained @test_clear_accessed; 3: 2 MiB device mappings (&gmem_pte.flags,
- * &gmem_dev_props.caps). &struct gmem_dev_ops has no size field: the version stands for
- * its length, so any growth of the table bumps it. Registration refuses other versions.
+ * &gmem_dev_props.caps); 4: asynchronous copies (&gmem_dev_ops.copy_async,
+ * &gmem_dev_props.nr_channels, gmem_fence_signal()). &struct gmem_dev_ops has no size
+ * field: the version stands for its length, so any growth of the table bumps it.
+ * Registration refuses other versions.
  */
-#define GMEM_DRIVER_ABI_VERSION 3
+#define GMEM_DRIVER_ABI_VERSION 4
 
 struct page;
 struct gmem_dev;
 struct gmem_space;
+struct gmem_fence;
 
 /**
  * define GMEM_ACCESS_READ - a device fault on a read (gmem_dev_fault() @access)
@@ -148,7 +151,16 @@ struct gmem_copy {
  * @copy: copy @n pages in direction @dir (a GMEM_COPY_* value); @peer_drv is the
  *	peer's @drv for %GMEM_COPY_D2D, NULL otherwise. Synchronous: the data is at the
  *	destination on return 0. On error the migration is abandoned (the source stays
- *	valid) and the errno propagated.
+ *	valid) and the errno propagated. Used when the device has no @copy_async, or
+ *	declared no channel.
+ * @copy_async: optional: start the same copy on copy channel @chan (0 ..
+ *	&gmem_dev_props.nr_channels - 1) and return at once. Return 0 if the driver took
+ *	the copy: it then calls gmem_fence_signal(@fence, err) exactly once, from any
+ *	context, when the data is at the destination (err 0) or the copy failed (err < 0),
+ *	and touches none of the pages, frames and entries named after that. A negative
+ *	return refuses the copy: nothing was copied and @fence is not signalled. @c stays
+ *	valid until the fence is signalled. See "Asynchronous copies" in
+ *	Documentation/driver-api.rst for the ordering rules.
  * @frame_page: optional: the host-visible page behind a frame (kept valid while the
  *	device is registered), or NULL if the CPU cannot map it. Reserved: this version of
  *	the core does not call it.
@@ -160,8 +172,9 @@ struct gmem_copy {
  *
  * Every callback gets the @drv of &struct gmem_dev_props first. Every callback may sleep,
  * is never called with a spinlock held, may run concurrently with any other (for other
- * pages, spaces and devices) and from any task, and must not call into gmem. All but
- * @frame_page and @test_clear_accessed are mandatory.
+ * pages, spaces and devices) and from any task, and must not call into gmem (but for
+ * gmem_fence_signal()). All but @frame_page, @test_clear_accessed and @copy_async are
+ * mandatory.
  */
 struct gmem_dev_ops {
 	int (*ctx_create)(void *drv, void **ctx);
@@ -172,12 +185,19 @@ struct gmem_dev_ops {
 	int (*copy)(void *drv, __u32 dir, const struct gmem_copy *c, __u32 n, void *peer_drv);
 	struct page *(*frame_page)(void *drv, __u64 frame);
 	int (*test_clear_accessed)(void *drv, void *ctx, __u64 va);
+	int (*copy_async)(void *drv, __u32 chan, __u32 dir, const struct gmem_copy *c, __u32 n,
+			  void *peer_drv, struct gmem_fence *fence);
 };
 
 /**
  * define GMEM_DEV_CAP_MAP_2M - &gmem_dev_props.caps: @map takes %GMEM_PTE_2M entries
  */
 #define GMEM_DEV_CAP_MAP_2M	1u
+
+/**
+ * define GMEM_MAX_CHANNELS - most copy channels a device may declare
+ */
+#define GMEM_MAX_CHANNELS	16u
 
 /**
  * struct gmem_dev_props - what a driver tells gmem about a device at registration
@@ -188,7 +208,9 @@ struct gmem_dev_ops {
  * @nr_frames: capacity of the device memory pool, in 4 KiB frames (1 .. U32_MAX)
  * @drv: opaque; passed back as the first argument of every callback
  * @caps: GMEM_DEV_CAP_* bits; unknown bits are refused
- * @__reserved: zero
+ * @nr_channels: copy channels that run at the same time (0 .. %GMEM_MAX_CHANNELS; was
+ *               a reserved zero before ABI 4). 0 means synchronous copies only: gmem
+ *               then never calls &gmem_dev_ops.copy_async. At least 1 needs @copy_async.
  */
 struct gmem_dev_props {
 	__u32 size;
@@ -197,7 +219,7 @@ struct gmem_dev_props {
 	__u64 nr_frames;
 	void *drv;
 	__u32 caps;
-	__u32 __reserved;
+	__u32 nr_channels;
 };
 
 /**
@@ -207,8 +229,9 @@ struct gmem_dev_props {
  *
  * Context: process context, may sleep. gmem.ko must be loaded (the symbol is its own).
  * Return: the device, or ERR_PTR(-EINVAL) for a bad @ops/@props (NULL, wrong size or
- * version, a mandatory op missing, @nr_frames out of range, unknown caps, nonzero
- * reserved), ERR_PTR(-EBUSY) when 16 devices are registered, ERR_PTR(-ENOMEM).
+ * version, a mandatory op missing, @nr_frames out of range, unknown caps,
+ * &gmem_dev_props.nr_channels above %GMEM_MAX_CHANNELS or nonzero without @copy_async),
+ * ERR_PTR(-EBUSY) when 16 devices are registered, ERR_PTR(-ENOMEM).
  */
 struct gmem_dev *gmem_dev_register(const struct gmem_dev_ops *ops,
 				   const struct gmem_dev_props *props);
@@ -219,9 +242,10 @@ struct gmem_dev *gmem_dev_register(const struct gmem_dev_ops *ops,
  *
  * Marks the device dead, evacuates every page resident on it to host memory (retrying
  * with backoff; a page whose data still cannot be saved becomes "lost": SIGBUS/-EIO/QUERY
- * GMEM_LOC_LOST), waits for every callback of the device still running, destroys every
- * context of the device, then forgets the device. The callbacks must keep working
- * during the call.
+ * GMEM_LOC_LOST), waits for every callback of the device still running and for every
+ * asynchronous copy it accepted (as source or as peer) to be signalled, destroys every
+ * context of the device, then forgets the device. The callbacks, and the signalling of
+ * accepted copies, must keep working during the call.
  *
  * Context: process context, may sleep for long (evacuation). Call it once, with no lock
  * held that a callback takes, after the driver stopped calling gmem_dev_fault() and
@@ -300,5 +324,18 @@ void *gmem_space_ctx(struct gmem_dev *dev, struct gmem_space *space);
  */
 int gmem_dev_fault(struct gmem_dev *dev, struct gmem_space *space,
 		   const __u64 *addrs, __u32 n, __u32 access);
+
+/**
+ * gmem_fence_signal() - complete an asynchronous copy
+ * @fence: the fence gmem passed to &gmem_dev_ops.copy_async with the copy
+ * @err: 0 if every page of the copy is at its destination, else a negative errno
+ *
+ * Called exactly once per copy the driver accepted. After it returns the fence may be
+ * gone and gmem may map, free or reuse every page and frame the copy named: the driver
+ * must be done with them (its DMA finished) before it signals.
+ *
+ * Context: any (process, softirq or hard interrupt); does not sleep.
+ */
+void gmem_fence_signal(struct gmem_fence *fence, int err);
 
 #endif /* _LINUX_GMEM_H */

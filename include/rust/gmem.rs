@@ -200,6 +200,67 @@ pub enum CopyJob<'a, T> {
     Zero(&'a [FrameCopy]),
 }
 
+/// An asynchronous copy gmem started on one of the device's channels
+/// ([`Driver::copy_async`]). The driver runs it (on the channel's engine or worker), then
+/// ends it with [`Submission::complete`]; one dropped without completing completes with
+/// `EIO`. Until then gmem keeps every page and frame it names, and maps none of them.
+///
+/// # Invariants
+/// `fence` is the live fence of a copy gmem handed over and that is not signalled yet; it
+/// is signalled exactly once, when the submission is completed or dropped. Until then
+/// `entries` holds `n` (> 0) entries that form a well-formed batch of direction `dir`
+/// ([`Adapter::job`] accepted it), and they, the pages and frames they name and a peer
+/// `drv` stay valid (gmem's contract for accepted copies).
+pub struct Submission<T: Driver> {
+    dir: u32,
+    entries: *const GmemCopy,
+    n: u32,
+    peer: *mut c_void,
+    fence: NonNull<GmemFenceHandle>,
+    _t: PhantomData<fn() -> T>,
+}
+
+// SAFETY: what the pointers name is valid from any thread until the fence is signalled,
+// and `gmem_fence_signal` may be called from any context.
+unsafe impl<T: Driver> Send for Submission<T> {}
+
+impl<T: Driver> Submission<T> {
+    /// The copies to make.
+    pub fn job(&self) -> CopyJob<'_, T> {
+        // SAFETY: valid and well-formed until the fence is signalled, which consumes
+        // `self` (type invariant).
+        let job = unsafe { Adapter::<T>::job(self.dir, self.entries, self.n, self.peer) };
+        // Checked well-formed at submission (type invariant): never `None`.
+        job.unwrap_or(CopyJob::Zero(&[]))
+    }
+
+    /// Pages in the batch.
+    pub fn len(&self) -> usize {
+        self.n as usize
+    }
+
+    /// Ends the copy: `Ok` once every page is at its destination (the driver no longer
+    /// touches any of them), or the error that stopped it.
+    pub fn complete(self, r: Result) {
+        let err = match r {
+            Ok(()) => 0,
+            Err(e) => e.to_errno(),
+        };
+        let fence = self.fence;
+        core::mem::forget(self);
+        // SAFETY: the live, unsignalled fence (type invariant), signalled once: `self` is
+        // forgotten, so `drop` does not signal it again.
+        unsafe { gmem_fence_signal(fence.as_ptr(), err) };
+    }
+}
+
+impl<T: Driver> Drop for Submission<T> {
+    fn drop(&mut self) {
+        // SAFETY: as in `complete`; this is the one signal.
+        unsafe { gmem_fence_signal(self.fence.as_ptr(), EIO.to_errno()) };
+    }
+}
+
 /// Kind of a device access, as reported in a fault.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Access {
@@ -239,6 +300,14 @@ pub trait Driver: Send + Sync + Sized + 'static {
 
     /// Runs a batch of copies; returns when they are complete.
     fn copy(&self, job: CopyJob<'_, Self>) -> Result;
+
+    /// Optional: starts a batch of copies on copy channel `channel` (below
+    /// [`Options::channels`]) and returns at once; the driver ends it with
+    /// [`Submission::complete`] when the data is at its destination or the copy failed.
+    /// gmem calls it instead of [`Driver::copy`] when the device declared channels.
+    fn copy_async(_this: &Arc<Self>, _channel: u32, _sub: Submission<Self>) {
+        build_error!(VTABLE_DEFAULT_ERROR)
+    }
 
     /// Optional: the host-visible page behind a frame, which the CPU may then map
     /// remotely. The page is borrowed from the device's data, which lives until the device
@@ -283,6 +352,7 @@ impl<T: Driver> Adapter<T> {
         copy: Some(Self::copy),
         frame_page: if T::HAS_FRAME_PAGE { Some(Self::frame_page) } else { None },
         test_clear_accessed: if T::HAS_TEST_CLEAR_ACCESSED { Some(Self::test_clear_accessed) } else { None },
+        copy_async: if T::HAS_COPY_ASYNC { Some(Self::copy_async) } else { None },
     };
     /// The table as a `'static` reference (the constant is promoted; the compiler checks).
     const OPS_REF: &'static GmemDevOps = &Self::OPS;
@@ -292,6 +362,13 @@ impl<T: Driver> Adapter<T> {
     unsafe fn data<'a>(drv: *mut c_void) -> &'a T {
         // SAFETY: the registration passed its `DrvCell<T>` and keeps it until after
         // `gmem_dev_unregister` returned (module doc).
+        unsafe { &(*drv.cast::<DrvCell<T>>()).data }
+    }
+
+    /// # Safety
+    /// As for [`Adapter::data`].
+    unsafe fn data_arc<'a>(drv: *mut c_void) -> &'a Arc<T> {
+        // SAFETY: as for `data`.
         unsafe { &(*drv.cast::<DrvCell<T>>()).data }
     }
 
@@ -401,10 +478,27 @@ impl<T: Driver> Adapter<T> {
         if n == 0 {
             return 0;
         }
-        if c.is_null() {
-            return EINVAL.to_errno();
+        // SAFETY: gmem passes `n` entries valid for the call, and for a peer copy the `drv`
+        // of another live device whose callback section is held open for the whole copy.
+        let Some(job) = (unsafe { Self::job(dir, c, n, peer) }) else { return EINVAL.to_errno() };
+        // SAFETY: gmem passes our `drv`.
+        match unsafe { Self::data(drv) }.copy(job) {
+            Ok(()) => 0,
+            Err(e) => e.to_errno(),
         }
-        // SAFETY: gmem passes `n` entries valid for the call.
+    }
+
+    /// The typed view of a copy batch; `None` if it is malformed (unknown direction, a
+    /// missing host page, a peer that is not a `T`).
+    ///
+    /// # Safety
+    /// `c` must be null or hold `n` entries, and `peer` be null or the `drv` of a live
+    /// device registered with this table, all valid for `'a`.
+    unsafe fn job<'a>(dir: u32, c: *const GmemCopy, n: u32, peer: *mut c_void) -> Option<CopyJob<'a, T>> {
+        if c.is_null() {
+            return None;
+        }
+        // SAFETY: `n` valid entries (the caller's contract).
         let raw = unsafe { core::slice::from_raw_parts(c, n as usize) };
         let host = || -> Option<&[HostCopy]> {
             // SAFETY: `HostCopy` is a transparent wrapper of `GmemCopy`; its invariant (a
@@ -415,22 +509,43 @@ impl<T: Driver> Adapter<T> {
         };
         // SAFETY: `FrameCopy` is a transparent wrapper of `GmemCopy` without invariants.
         let frames = unsafe { core::slice::from_raw_parts(c.cast::<FrameCopy>(), raw.len()) };
-        let job = match dir {
+        match dir {
             GMEM_COPY_H2D => host().map(CopyJob::ToDevice),
             GMEM_COPY_D2H => host().map(CopyJob::ToHost),
             GMEM_COPY_ZERO => Some(CopyJob::Zero(frames)),
-            // SAFETY: for peer copies gmem passes the `drv` of another live device registered
-            // with the same vtable, i.e. by this binding; its callback section is held
-            // open for the whole copy.
+            // SAFETY: a live device of this table (the caller's contract).
             GMEM_COPY_D2D if !peer.is_null() => unsafe { Self::peer(peer) }.map(|p| CopyJob::ToPeer(p, frames)),
             _ => None,
-        };
-        let Some(job) = job else { return EINVAL.to_errno() };
-        // SAFETY: gmem passes our `drv`.
-        match unsafe { Self::data(drv) }.copy(job) {
-            Ok(()) => 0,
-            Err(e) => e.to_errno(),
         }
+    }
+
+    /// `gmem_dev_ops.copy_async` of `T`.
+    ///
+    /// # Safety
+    /// Called by gmem only, as `include/linux/gmem.h` documents: `drv` is a live registration
+    /// of `T`; `c` (`n` entries), what it names, a peer `drv` and `fence` stay valid until
+    /// the fence is signalled.
+    unsafe extern "C" fn copy_async(
+        drv: *mut c_void,
+        chan: u32,
+        dir: u32,
+        c: *const GmemCopy,
+        n: u32,
+        peer: *mut c_void,
+        fence: *mut GmemFenceHandle,
+    ) -> c_int {
+        let Some(fence) = NonNull::new(fence) else { return EINVAL.to_errno() };
+        // Checked now, so that the driver's worker only ever sees well-formed batches.
+        // SAFETY: valid until the fence is signalled (gmem's contract), which is later.
+        if n == 0 || unsafe { Self::job(dir, c, n, peer) }.is_none() {
+            return EINVAL.to_errno();
+        }
+        // INVARIANT: an accepted copy's live fence and entries (returning 0 below accepts
+        // it); the batch was checked well-formed just now.
+        let sub = Submission { dir, entries: c, n, peer, fence, _t: PhantomData };
+        // SAFETY: gmem passes our `drv`.
+        T::copy_async(unsafe { Self::data_arc(drv) }, chan, sub);
+        0
     }
 
     /// `gmem_dev_ops.frame_page` of `T`.
@@ -463,6 +578,7 @@ extern "C" {
     fn gmem_space_get_current() -> *mut GmemSpaceHandle;
     fn gmem_space_put(space: *mut GmemSpaceHandle);
     fn gmem_space_ctx(dev: *mut GmemDevHandle, space: *mut GmemSpaceHandle) -> *mut c_void;
+    fn gmem_fence_signal(fence: *mut GmemFenceHandle, err: c_int);
     fn gmem_dev_fault(
         dev: *mut GmemDevHandle,
         space: *mut GmemSpaceHandle,
@@ -480,6 +596,10 @@ pub struct Options {
     pub nr_frames: u64,
     /// The driver maps whole 2 MiB blocks with one entry ([`Target::Huge`]).
     pub map_2m: bool,
+    /// Copy channels that run at once (`0..=16`): with any, gmem starts copies with
+    /// [`Driver::copy_async`] (which the driver must then have); with 0 it uses
+    /// [`Driver::copy`].
+    pub channels: u32,
 }
 
 /// A GMEM space (one process's GMEM address space), with a reference.
@@ -574,7 +694,7 @@ impl<T: Driver> Registration<T> {
             nr_frames: opts.nr_frames,
             drv: core::ptr::from_ref::<DrvCell<T>>(&cell).cast_mut().cast(),
             caps: if opts.map_2m { GMEM_DEV_CAP_MAP_2M } else { 0 },
-            reserved: 0,
+            nr_channels: opts.channels,
         };
         // SAFETY: `OPS_REF` is `'static` (checked by the compiler); `props` is valid for the
         // call and its `name` is `'static`; `drv` (the boxed cell) stays at its address

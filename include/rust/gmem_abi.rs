@@ -8,7 +8,7 @@
 use kernel::bindings;
 use kernel::ffi::{c_char, c_int, c_void};
 
-pub const GMEM_DRIVER_ABI_VERSION: u32 = 3;
+pub const GMEM_DRIVER_ABI_VERSION: u32 = 4;
 pub const GMEM_ACCESS_READ: u32 = 1;
 pub const GMEM_ACCESS_WRITE: u32 = 2;
 pub const GMEM_PROT_READ: u32 = 1;
@@ -19,6 +19,7 @@ pub const GMEM_COPY_D2D: u32 = 2;
 pub const GMEM_COPY_ZERO: u32 = 3;
 pub const GMEM_PTE_2M: u32 = 1;
 pub const GMEM_DEV_CAP_MAP_2M: u32 = 1;
+pub const GMEM_MAX_CHANNELS: u32 = 16;
 
 /// Opaque handle of a registered device (really `gmem::device::Device`).
 #[repr(C)]
@@ -29,6 +30,12 @@ pub struct GmemDevHandle {
 /// Opaque handle of an address space (really `gmem::space::Space`).
 #[repr(C)]
 pub struct GmemSpaceHandle {
+    _private: [u8; 0],
+}
+
+/// Opaque fence of an asynchronous copy (really `gmem::fence::Fence`).
+#[repr(C)]
+pub struct GmemFenceHandle {
     _private: [u8; 0],
 }
 
@@ -65,6 +72,17 @@ pub struct GmemDevOps {
     >,
     pub frame_page: Option<unsafe extern "C" fn(drv: *mut c_void, frame: u64) -> *mut bindings::page>,
     pub test_clear_accessed: Option<unsafe extern "C" fn(drv: *mut c_void, ctx: *mut c_void, va: u64) -> c_int>,
+    pub copy_async: Option<
+        unsafe extern "C" fn(
+            drv: *mut c_void,
+            chan: u32,
+            dir: u32,
+            c: *const GmemCopy,
+            n: u32,
+            peer_drv: *mut c_void,
+            fence: *mut GmemFenceHandle,
+        ) -> c_int,
+    >,
 }
 
 /// `struct gmem_dev_props`.
@@ -76,11 +94,11 @@ pub struct GmemDevProps {
     pub nr_frames: u64,
     pub drv: *mut c_void,
     pub caps: u32,
-    pub reserved: u32,
+    pub nr_channels: u32,
 }
 
 /// Sizes and offsets of the structs above, in the order `gmem_c_abi_layout[]` lists them.
-pub const ABI_LAYOUT: [usize; 12] = [
+pub const ABI_LAYOUT: [usize; 14] = [
     core::mem::size_of::<GmemPte>(),
     core::mem::offset_of!(GmemPte, prot),
     core::mem::size_of::<GmemCopy>(),
@@ -93,4 +111,6 @@ pub const ABI_LAYOUT: [usize; 12] = [
     core::mem::offset_of!(GmemDevProps, drv),
     core::mem::offset_of!(GmemDevProps, caps),
     core::mem::offset_of!(GmemPte, flags),
+    core::mem::offset_of!(GmemDevOps, copy_async),
+    core::mem::offset_of!(GmemDevProps, nr_channels),
 ];

@@ -63,6 +63,12 @@ struct gmem_sim_info {
 	__u64 tlb_flushes;	/* out */
 	__u64 ptes_2m;		/* out: valid 2 MiB PTEs over all contexts */
 	__u64 splits_2m;	/* out: 2 MiB PTEs split into 4 KiB ones so far */
+	__u32 channels;		/* out: copy channels (module parameter copy_channels) */
+	__u32 pad;
+	__u64 async_calls;	/* out: copy calls started on a channel */
+	__u64 async_pages;	/* out: pages the channels' workers copied */
+	__u64 inflight;		/* out: copies started and not yet completed */
+	__u64 max_inflight;	/* out: most copies in flight at once so far */
 };
 
 /*

@@ -10,6 +10,7 @@ mod t_advise;
 mod t_bad;
 mod t_basic;
 mod t_block;
+mod t_chan;
 mod t_conformance;
 mod t_contract;
 mod t_core;
@@ -39,6 +40,7 @@ fn all_tests() -> Vec<Test> {
     v.extend(t_sysfs::tests());
     v.extend(t_dmem::tests());
     v.extend(t_link::tests());
+    v.extend(t_chan::tests());
     v.extend(t_trace::tests());
     v.extend(t_bad::tests());
     v.extend(t_overcommit::tests());

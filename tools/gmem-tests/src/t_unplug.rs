@@ -285,6 +285,60 @@ fn race_kill_and_rmmod() -> TestResult {
     Ok(())
 }
 
+/// Issue 10: the driver is removed while asynchronous copies into it are in flight (a
+/// PREFETCH of 8 MiB over a 20 MB/s modelled link, about 0.4 s, on the sim's channels).
+/// Unregistration waits for every copy the device accepted before it destroys contexts
+/// and returns: no callback or copy runs after it (the sim WARNs if one does), every frame
+/// is freed, and every page reads back what the process wrote (the PREFETCH itself may
+/// succeed or fail with ENODEV, depending on where the removal caught it).
+fn rmmod_with_copies_in_flight() -> TestResult {
+    let _ = take_log()?;
+    sh("rmmod gmem_sim")?;
+    sh(&format!("{INSMOD} link_h2d_mbps=20"))?;
+    let res = (|| -> TestResult {
+        let g = Gmem::open().map_err(|e| e.to_string())?;
+        let r = ok!(g.alloc(8 << 20));
+        for (i, w) in words(&r).iter_mut().enumerate() {
+            *w = pattern(0x5eed_0000, i);
+        }
+        let prefetched = std::thread::scope(|sc| -> std::result::Result<std::result::Result<u64, Errno>, String> {
+            let t = sc.spawn(|| r.advise(GMEM_ADV_PREFETCH, 0));
+            // Wait (at most 5 s) until the channels have a copy in flight, then close the
+            // node (an open one pins the module) and remove the driver.
+            let mut seen = false;
+            for _ in 0..500 {
+                let s0 = Sim::open(0).map_err(|e| e.to_string())?;
+                if ok!(s0.info()).inflight > 0 {
+                    seen = true;
+                    break;
+                }
+                drop(s0);
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            let rm = sh("rmmod gmem_sim");
+            let joined = t.join().map_err(|_| "the PREFETCH thread panicked".to_string())?;
+            ensure!(seen, "no copy was ever in flight on device 0's channels");
+            rm?;
+            Ok(joined)
+        })?;
+        match prefetched {
+            Ok(_) | Err(Errno(libc::ENODEV)) => {}
+            Err(e) => return Err(format!("PREFETCH during the removal failed with {e:?}")),
+        }
+        let bad = words(&r).iter().enumerate().filter(|&(i, &x)| x != pattern(0x5eed_0000, i)).count();
+        ensure!(bad == 0, "{bad} words changed across the removal");
+        let log = take_log()?;
+        ensure!(
+            !frames_left(&log) && !log.contains("callback after gmem_dev_unregister"),
+            "unregistration with copies in flight:\n{log}"
+        );
+        Ok(())
+    })();
+    let _ = sh("rmmod gmem_sim 2>/dev/null");
+    sh(INSMOD)?;
+    res
+}
+
 pub fn tests() -> Vec<Test> {
     vec![
         Test {
@@ -293,5 +347,6 @@ pub fn tests() -> Vec<Test> {
         },
         Test { name: "unplug_lost_pages_are_reported_not_reused", f: unplug_lost_pages_are_reported_not_reused },
         Test { name: "kill_races_rmmod", f: kill_races_rmmod },
+        Test { name: "rmmod_with_copies_in_flight", f: rmmod_with_copies_in_flight },
     ]
 }

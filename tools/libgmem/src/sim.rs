@@ -45,6 +45,15 @@ pub struct SimInfo {
     pub ptes_2m: u64,
     /// 2 MiB entries split into 4 KiB ones so far.
     pub splits_2m: u64,
+    /// Copy channels (0: synchronous copies).
+    pub channels: u32,
+    pub pad: u32,
+    /// Copy calls started on a channel, and pages its workers copied.
+    pub async_calls: u64,
+    pub async_pages: u64,
+    /// Copies started and not yet completed, now and at most so far.
+    pub inflight: u64,
+    pub max_inflight: u64,
 }
 
 const fn iowr_s(nr: u64, size: usize) -> u64 {
@@ -249,6 +258,6 @@ mod tests {
     #[test]
     fn launch_struct_matches_the_header() {
         assert_eq!(std::mem::size_of::<SimLaunch>(), 96);
-        assert_eq!(std::mem::size_of::<SimInfo>(), 56);
+        assert_eq!(std::mem::size_of::<SimInfo>(), 96);
     }
 }

@@ -1,0 +1,90 @@
+// SPDX-License-Identifier: GPL-2.0
+//! Fences of asynchronous copies (driver API ABI 4: `copy_async`, `gmem_fence_signal`).
+//!
+//! The executor makes one fence per `copy_async` call, hands the driver its address as an
+//! opaque `struct gmem_fence *`, and waits for it before it touches any page, frame or
+//! entry the copy names (commit, map, free, undo). The driver signals it exactly once, from
+//! any context, when the copy is done or failed.
+//!
+//! **Lifetime.** A fence is pinned in a box owned by the executor's batch. The batch waits
+//! for every fence the driver accepted before it lets go of any, on every path (success,
+//! copy failure, refused submission), so the driver's pointer is valid from the submission
+//! until its `gmem_fence_signal` returns. That call stores the result and then completes the
+//! `struct completion` (IRQ-safe); the kernel's completion holds its wait-queue lock until
+//! `complete_all` is done with it, and the waiter takes the same lock before it returns, so
+//! the box is freed only after the signal stopped touching it.
+
+use core::sync::atomic::{AtomicI32, Ordering};
+use kernel::{prelude::*, sync::Completion};
+
+/// Not signalled yet (results are 0 or a negative errno).
+const PENDING: i32 = 1;
+
+/// The completion of one asynchronous copy.
+#[pin_data]
+pub(crate) struct Fence {
+    #[pin]
+    done: Completion,
+    /// `PENDING`, then the copy's result (0 or a negative errno), set once.
+    state: AtomicI32,
+}
+
+impl Fence {
+    /// A fence nobody has signalled yet, boxed where the driver can point at it.
+    pub(crate) fn new() -> Result<Pin<KBox<Fence>>> {
+        KBox::pin_init(pin_init!(Fence { done <- Completion::new(), state: AtomicI32::new(PENDING) }), GFP_KERNEL)
+    }
+
+    /// Records the copy's result and wakes the waiter. A second signal of the same fence is
+    /// a driver bug: it is reported (WARN) and otherwise ignored. A result that is not 0 or
+    /// an errno counts as `EIO`.
+    pub(crate) fn signal(&self, err: i32) {
+        let r = if err == 0 || (-4095..0).contains(&err) { err } else { EIO.to_errno() };
+        if self.state.compare_exchange(PENDING, r, Ordering::AcqRel, Ordering::Acquire).is_err() {
+            pr_err!("gmem_fence_signal: fence signalled twice\n");
+            kernel::warn_on!(true);
+            return;
+        }
+        self.done.complete_all();
+    }
+
+    /// Whether the fence was signalled (diagnostics; a waiter uses [`Fence::wait`]).
+    pub(crate) fn signalled(&self) -> bool {
+        self.state.load(Ordering::Acquire) != PENDING
+    }
+
+    /// Waits (uninterruptibly: the data must land before its pages may be reused) until
+    /// the fence is signalled; returns the copy's result.
+    pub(crate) fn wait(&self) -> Result {
+        self.done.wait_for_completion();
+        kernel::error::to_result(self.state.load(Ordering::Acquire))
+    }
+
+    /// The address handed to the driver.
+    pub(crate) fn as_handle(&self) -> *mut crate::abi::GmemFenceHandle {
+        core::ptr::from_ref(self).cast_mut().cast()
+    }
+}
+
+#[kunit_tests(gmem_fence)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fence_reports_its_result_once() {
+        let f = Fence::new().expect("fence");
+        assert!(!f.signalled());
+        f.signal(-5);
+        assert!(f.signalled());
+        assert_eq!(f.wait(), Err(EIO));
+        // Waiting again returns the same result at once.
+        assert_eq!(f.wait(), Err(EIO));
+        let g = Fence::new().expect("fence");
+        g.signal(0);
+        assert_eq!(g.wait(), Ok(()));
+        // Garbage from a driver counts as EIO.
+        let h = Fence::new().expect("fence");
+        h.signal(7);
+        assert_eq!(h.wait(), Err(EIO));
+    }
+}

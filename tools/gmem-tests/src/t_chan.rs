@@ -1,0 +1,93 @@
+// SPDX-License-Identifier: GPL-2.0
+//! Asynchronous copies (driver API `copy_async`, the sim's copy channels): gmem starts a
+//! migration batch's copies on the device's channels, all before it waits for any, the
+//! channels' workers run them, and the data arrive intact; a copy that fails on a channel
+//! fails the migration with its errno and leaves every page as it was.
+
+use crate::harness::{open, words, TestResult};
+use crate::{ensure, expect_errno, ok};
+use libgmem::sim::{checksum, SimInfo};
+use libgmem::{q_loc, GMEM_ADV_PREFETCH, GMEM_LOC_DEVICE, GMEM_LOC_HOST};
+
+/// The sim's default: two channels per device.
+const CHANNELS: u32 = 2;
+
+fn pattern(i: usize) -> u32 {
+    (i as u32).wrapping_mul(2_654_435_761) ^ 0x00c0_ffee
+}
+
+/// A 4 MiB PREFETCH (two 2 MiB blocks): each block's 512 pages go as one part per channel
+/// (256 pages each), both started before either is waited for, so two copies are in
+/// flight at once; the workers copied every page, and nothing is left in flight.
+fn prefetch_runs_on_every_channel_at_once() -> TestResult {
+    let (g, s) = open()?;
+    const LEN: usize = 4 << 20;
+    let r = ok!(g.alloc(LEN as u64));
+    for (i, w) in words(&r).iter_mut().enumerate() {
+        *w = pattern(i);
+    }
+    let i0 = ok!(s.info());
+    ensure!(i0.channels == CHANNELS, "the sim has {} copy channels, expected {CHANNELS}", i0.channels);
+    ok!(r.advise(GMEM_ADV_PREFETCH, 0));
+    let i1 = ok!(s.info());
+    let d = |f: fn(&SimInfo) -> u64| f(&i1) - f(&i0);
+    let pages = (LEN / 4096) as u64;
+    ensure!(d(|i| i.async_pages) == pages, "the channels copied {} pages of {pages}", d(|i| i.async_pages));
+    // ALLOC's address need not be 2 MiB-aligned: 2 or 3 blocks, 2 parts each at most.
+    ensure!((4..=6).contains(&d(|i| i.async_calls)), "{} channel calls for 1024 pages", d(|i| i.async_calls));
+    ensure!(i1.max_inflight >= 2, "at most {} copy in flight at once: the parts ran one by one", i1.max_inflight);
+    ensure!(i1.inflight == 0, "{} copies still in flight after the PREFETCH returned", i1.inflight);
+    let q = ok!(r.query());
+    ensure!(q.iter().all(|&w| q_loc(w) == GMEM_LOC_DEVICE), "not every page reached the device");
+    let want: Vec<u32> = (0..LEN / 4).map(pattern).collect();
+    let o = ok!(s.checksum(r.addr, LEN as u64));
+    ensure!(o.result == checksum(&want), "the device reads other data than the host wrote");
+    Ok(())
+}
+
+/// A channel's copy fails part way (fault injection after 100 pages of a 256-page part):
+/// the device fault that needed it gets the errno (the launch fails with EIO), the other
+/// part's copy completed but is not committed, every page is still on the host with its
+/// data, and the same launch then succeeds.
+fn failed_channel_copy_fails_the_fault() -> TestResult {
+    let (g, s) = open()?;
+    const LEN: usize = 2 << 20;
+    let r = ok!(g.alloc(2 * LEN as u64));
+    for (i, w) in words(&r).iter_mut().enumerate() {
+        *w = pattern(i);
+    }
+    // One whole, aligned block: one executor batch.
+    let a = r.addr.next_multiple_of(LEN as u64);
+    let first = ((a - r.addr) / 4) as usize;
+    let want: Vec<u32> = (first..first + LEN / 4).map(pattern).collect();
+    crate::t_overcommit::control("prefetch=0")?;
+    let res = (|| -> TestResult {
+        let i0 = ok!(s.info());
+        ok!(s.fail_copy(100, libc::EIO as u32));
+        expect_errno!(s.checksum(a, LEN as u64), libc::EIO);
+        let i1 = ok!(s.info());
+        ensure!(i1.async_calls > i0.async_calls, "the failed copy did not run on a channel");
+        ensure!(i1.inflight == 0, "{} copies still in flight after the failure", i1.inflight);
+        let q = ok!(g.query(a, LEN / 4096));
+        ensure!(q.iter().all(|&w| q_loc(w) == GMEM_LOC_HOST), "a page left the host although its batch failed");
+        Ok(())
+    })();
+    let again = res.and_then(|()| {
+        let o = ok!(s.checksum(a, LEN as u64));
+        ensure!(o.result == checksum(&want), "the device reads wrong data after the failure");
+        Ok(())
+    });
+    crate::t_overcommit::control("prefetch=1")?;
+    again?;
+    let w = words(&r);
+    ensure!(w[first..first + LEN / 4] == want[..], "the CPU reads wrong data after the failure");
+    Ok(())
+}
+
+pub fn tests() -> Vec<crate::harness::Test> {
+    use crate::harness::Test;
+    vec![
+        Test { name: "chan_prefetch_runs_on_every_channel_at_once", f: prefetch_runs_on_every_channel_at_once },
+        Test { name: "chan_failed_channel_copy_fails_the_fault", f: failed_channel_copy_fails_the_fault },
+    ]
+}
