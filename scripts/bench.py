@@ -357,6 +357,15 @@ def markdown(d):
                     ])
             L.append(table(head, rows))
             L.append("")
+            floors = [r for r in c.get("stream") or [] if r.get("floor_s")]
+            if floors:
+                L.append(f"Link model on ({p4.get('link_mbs')} MB/s host links, 4× that to the peer). "
+                         f"Transfer floor: {p4.get('floor')}.")
+                L.append("")
+                L.append(table(["run", "floor (s)", "time / floor"], [
+                    [f"stream {r.get('factor'):g}×", st(r.get("floor_s")), f(r.get("time_over_floor"))]
+                    for r in floors]))
+                L.append("")
         runs = g(p4, "configs") and (p4["configs"][0].get("stream") or [{}])[0].get("runs")
         L.append(f"Counters are dev0 deltas summed over the {runs} runs of a row; copies and TLB flushes "
                  f"(GMEM_SIM_IOC_INFO, both devices) are per page of the region per run. Full per-device "

@@ -269,19 +269,38 @@ fn copy_entry(p: &Pages, st: &Step, fresh: &Fresh) -> Result<Option<(CopyKey, Gm
 /// fewer pages goes to one channel whole.
 const CHUNK_MIN_PAGES: usize = 64;
 
-/// The pages of one copy call, in `chunks` nearly equal consecutive parts of at least
-/// `CHUNK_MIN_PAGES` each (at least one part): the shares of the device's channels.
+/// How many parts a copy call of `n` pages is split into, one per channel: as many as
+/// the device has channels, but no more than whole `CHUNK_MIN_PAGES` runs fit in `n`, and
+/// at least one. The parts are consecutive runs of `ceil(n / parts)` pages (the last one
+/// possibly shorter).
 fn shares(n: usize, channels: u32) -> usize {
     core::cmp::max(1, core::cmp::min(channels as usize, n / CHUNK_MIN_PAGES))
 }
 
-/// One driver call of step 4 while it may be in flight: the fence the driver signals (none
-/// for a synchronous call, done on return), and the callback sections of its devices, held
-/// open until then so that unregistration (`Device::quiesce`) waits for the copy.
-struct Call<'d> {
-    fence: Option<Pin<KBox<Fence>>>,
-    _src: Ops<'d>,
-    _dst: Option<Ops<'d>>,
+/// The fences of the copies of one batch that the driver accepted. Dropping it waits for
+/// every one not yet waited for, so no path out of `copy_batch` (an early error included)
+/// can free a fence, an entry array or a page while a copy still uses it.
+struct InFlight(KVec<Pin<KBox<Fence>>>);
+
+impl InFlight {
+    /// Waits for every copy; the first error, if any.
+    fn wait_all(&self) -> Result {
+        let mut res = Ok(());
+        for f in self.0.iter() {
+            if let Err(e) = f.wait() {
+                if res.is_ok() {
+                    res = Err(e);
+                }
+            }
+        }
+        res
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let _ = self.wait_all();
+    }
 }
 
 /// Step 3b: the entries of every copy the batch needs, grouped by (direction, source,
@@ -312,15 +331,39 @@ fn copy_lists(p: &Pages, steps: &[Step], fresh: &[Fresh]) -> Result<KVec<(CopyKe
 /// Step 4 for a whole batch: one driver call per (direction, source, destination), split
 /// over the source device's copy channels when it has them and the call is large
 /// (`shares`). Every call is started before any is waited for, so the copies of one batch
-/// (a fetch and an eviction's write-back, the shares of one large fetch) run at once; then
-/// every started call is waited for, whatever failed, and the first error is returned.
-/// No page, frame or entry of a copy is let go before its call completed.
+/// (to and from different devices, the shares of one large fetch) run at once; then every
+/// started call is waited for, whatever failed, and the first error is returned. No page,
+/// frame or entry of a copy is let go before its call completed ([`InFlight`]).
+///
+/// One callback section per device involved is entered before anything starts and held
+/// until every copy completed, so unregistration (`Device::quiesce`) waits for them.
 fn copy_batch(lists: &[(CopyKey, KVec<GmemCopy>)], devs: &Devs) -> Result {
-    let mut calls: KVec<Call<'_>> = KVec::new();
+    let mut sections: [Option<Ops<'_>>; MAX_DEVICES] = Default::default();
+    for ((dir, from, to), _) in lists.iter() {
+        for d in [*from, *to] {
+            let slot = sections.get_mut(d as usize).ok_or(ENODEV)?;
+            if slot.is_none() {
+                *slot = Some(devs.peek(d)?.ops().ok_or(ENODEV)?);
+            }
+        }
+        if *dir == GMEM_COPY_D2D && !devs.peek(*from)?.same_driver(devs.peek(*to)?) {
+            // Peer copies need one driver on both ends; the state machine's caller only
+            // offers peers of the same driver (see `evict::peer_for`).
+            return Err(EXDEV);
+        }
+    }
+    // Declared after `sections`, so dropped (waited for) before they close.
+    let mut flight = InFlight(KVec::new());
     let mut res = Ok(());
     'submit: for ((dir, from, to), pages) in lists.iter() {
         let (dir, from, to) = (*dir, *from, *to);
-        let src = devs.peek(from)?;
+        // Both looked up and entered above.
+        let (Ok(src), Some(Some(sops))) = (devs.peek(from), sections.get(from as usize)) else {
+            res = Err(ENODEV);
+            break;
+        };
+        let dops = if dir == GMEM_COPY_D2D { sections.get(to as usize).and_then(Option::as_ref) } else { None };
+        let peer = dops.map(|o| &**o);
         let stat = match dir {
             GMEM_COPY_ZERO => &src.stats.pages_zeroed,
             GMEM_COPY_H2D => &src.stats.pages_h2d,
@@ -329,50 +372,19 @@ fn copy_batch(lists: &[(CopyKey, KVec<GmemCopy>)], devs: &Devs) -> Result {
         };
         DevStats::add(stat, pages.len() as u64);
         trace::migrate(dir, src.id, (dir == GMEM_COPY_D2D).then_some(usize::from(to)), pages.len());
-        let peer = if dir == GMEM_COPY_D2D {
-            let dst = devs.peek(to)?;
-            if !src.same_driver(dst) {
-                // Peer copies need one driver on both ends; the state machine's caller
-                // only offers peers of the same driver (see `evict::peer_for`).
-                res = Err(EXDEV);
-                break;
-            }
-            Some(dst)
-        } else {
-            None
-        };
-        let chans = src.ops().ok_or(ENODEV)?.channels();
-        let k = shares(pages.len(), chans);
-        let per = pages.len().div_ceil(k);
+        let chans = sops.channels();
+        let per = pages.len().div_ceil(shares(pages.len(), chans));
         for part in pages.chunks(per) {
-            let (Some(sops), dops) = (src.ops(), peer.map(|d| d.ops())) else {
-                res = Err(ENODEV);
-                break 'submit;
-            };
-            let dops = match dops {
-                Some(None) => {
-                    res = Err(ENODEV);
-                    break 'submit;
-                }
-                Some(Some(o)) => Some(o),
-                None => None,
-            };
-            if calls.reserve(1, GFP_KERNEL).is_err() {
-                res = Err(ENOMEM);
-                break 'submit;
-            }
             DevStats::add(&src.stats.copy_calls, 1);
             if chans == 0 {
                 // Synchronous: done (or failed) on return.
-                let r = sops.copy(dir, part, dops.as_deref());
-                let _ = calls.push_within_capacity(Call { fence: None, _src: sops, _dst: dops });
-                if let Err(e) = r {
+                if let Err(e) = sops.copy(dir, part, peer) {
                     res = Err(e);
                     break 'submit;
                 }
                 continue;
             }
-            let fence = match Fence::new() {
+            let fence = match flight.0.reserve(1, GFP_KERNEL).map_err(Error::from).and_then(|()| Fence::new()) {
                 Ok(f) => f,
                 Err(e) => {
                     res = Err(e);
@@ -380,13 +392,12 @@ fn copy_batch(lists: &[(CopyKey, KVec<GmemCopy>)], devs: &Devs) -> Result {
                 }
             };
             let chan = src.next_channel(chans);
-            // SAFETY: `part` lives in `lists`, the pages and frames it names in the
-            // caller's batch (under the block lock), and `fence` in `calls`; all of them
-            // outlive the wait below, which every accepted call gets.
-            let r = unsafe { sops.copy_async(chan, dir, part, dops.as_deref(), &fence) };
-            match r {
+            // SAFETY: `part` lives in `lists` (the caller's, kept until we return), the
+            // pages and frames it names in the caller's batch (under the block lock), and
+            // `fence` in `flight`, which waits for it before any of them can go.
+            match unsafe { sops.copy_async(chan, dir, part, peer, &fence) } {
                 Ok(()) => {
-                    let _ = calls.push_within_capacity(Call { fence: Some(fence), _src: sops, _dst: dops });
+                    let _ = flight.0.push_within_capacity(fence);
                 }
                 Err(e) => {
                     // Refused: nothing was copied and the fence will not be signalled.
@@ -396,16 +407,8 @@ fn copy_batch(lists: &[(CopyKey, KVec<GmemCopy>)], devs: &Devs) -> Result {
             }
         }
     }
-    for c in calls.iter() {
-        if let Some(f) = &c.fence {
-            if let Err(e) = f.wait() {
-                if res.is_ok() {
-                    res = Err(e);
-                }
-            }
-        }
-    }
-    res
+    let waited = flight.wait_all();
+    res.and(waited)
 }
 
 /// Applies the transition `p.state(i) -> next` whose actions are `a` (one page).
@@ -554,8 +557,8 @@ pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outco
         );
     }
 
-    // 4. Data: every device a copy involves is looked up first (the calls in flight borrow
-    // them), then the copies run.
+    // 4. Data: every device a copy involves is looked up first (the copies in flight hold
+    // callback sections of them), then the copies run.
     let copied = copy_lists(p, steps, fresh).and_then(|lists| {
         for ((_, from, to), _) in lists.iter() {
             devs.get(*from)?;

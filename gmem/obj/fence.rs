@@ -10,29 +10,51 @@
 //! for every fence the driver accepted before it lets go of any, on every path (success,
 //! copy failure, refused submission), so the driver's pointer is valid from the submission
 //! until its `gmem_fence_signal` returns. That call stores the result and then completes the
-//! `struct completion` (IRQ-safe); the kernel's completion holds its wait-queue lock until
-//! `complete_all` is done with it, and the waiter takes the same lock before it returns, so
+//! `struct completion` with `complete()` (one waiter; unlike `complete_all()` it is allowed
+//! in any interrupt context); the kernel's completion holds its wait-queue lock until
+//! `complete()` is done with it, and the waiter takes the same lock before it returns, so
 //! the box is freed only after the signal stopped touching it.
 
-use core::sync::atomic::{AtomicI32, Ordering};
-use kernel::{prelude::*, sync::Completion};
+use core::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use kernel::{bindings, prelude::*, types::Opaque};
 
 /// Not signalled yet (results are 0 or a negative errno).
 const PENDING: i32 = 1;
 
 /// The completion of one asynchronous copy.
+///
+/// # Invariants
+/// `done` is an initialised `struct completion`, completed at most once (by `signal`) and
+/// waited for at most once (by the first `wait`; `waited` records it).
 #[pin_data]
 pub(crate) struct Fence {
     #[pin]
-    done: Completion,
+    done: Opaque<bindings::completion>,
     /// `PENDING`, then the copy's result (0 or a negative errno), set once.
     state: AtomicI32,
+    /// The waiter went through `done` (later waits only read `state`).
+    waited: AtomicBool,
 }
+
+// SAFETY: a completion may be completed and waited for from any thread.
+unsafe impl Send for Fence {}
+// SAFETY: as above; the other fields are atomics.
+unsafe impl Sync for Fence {}
 
 impl Fence {
     /// A fence nobody has signalled yet, boxed where the driver can point at it.
     pub(crate) fn new() -> Result<Pin<KBox<Fence>>> {
-        KBox::pin_init(pin_init!(Fence { done <- Completion::new(), state: AtomicI32::new(PENDING) }), GFP_KERNEL)
+        KBox::pin_init(
+            pin_init!(Fence {
+                // SAFETY: `slot` is valid for writing an uninitialised completion.
+                done <- Opaque::ffi_init(|slot: *mut bindings::completion| unsafe {
+                    bindings::init_completion(slot)
+                }),
+                state: AtomicI32::new(PENDING),
+                waited: AtomicBool::new(false),
+            }),
+            GFP_KERNEL,
+        )
     }
 
     /// Records the copy's result and wakes the waiter. A second signal of the same fence is
@@ -45,7 +67,9 @@ impl Fence {
             kernel::warn_on!(true);
             return;
         }
-        self.done.complete_all();
+        // SAFETY: an initialised completion (type invariant), completed once: the state
+        // moved from `PENDING` just now, which happens once.
+        unsafe { bindings::complete(self.done.get()) };
     }
 
     /// Whether the fence was signalled (diagnostics; a waiter uses [`Fence::wait`]).
@@ -54,9 +78,14 @@ impl Fence {
     }
 
     /// Waits (uninterruptibly: the data must land before its pages may be reused) until
-    /// the fence is signalled; returns the copy's result.
+    /// the fence is signalled; returns the copy's result. Only the owner of the fence waits
+    /// (`&self` is shared with the driver, which never waits), so the first call goes
+    /// through the completion and later ones return the same result at once.
     pub(crate) fn wait(&self) -> Result {
-        self.done.wait_for_completion();
+        if !self.waited.swap(true, Ordering::AcqRel) {
+            // SAFETY: an initialised completion, waited for once (type invariant).
+            unsafe { bindings::wait_for_completion(self.done.get()) };
+        }
         kernel::error::to_result(self.state.load(Ordering::Acquire))
     }
 

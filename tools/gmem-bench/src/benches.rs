@@ -39,6 +39,27 @@ pub struct P4Config {
     pub touch: bool,
     /// Not one of the two configurations the brief asks for: run to explain them.
     pub diagnostic: bool,
+    /// Runs with the link model on (host links at `link_mbps`, peer links at 4x): the
+    /// streaming rows then report their transfer floor and time / floor (issue 10).
+    pub link: bool,
+}
+
+/// Mandatory bytes over (device-to-host, host-to-device) for the P4 stream (FILL, then
+/// CHECKSUM, in address order) of `region` bytes on a device of `cap` bytes, without a
+/// peer tier: past capacity, FILL's overflow must be written back; CHECKSUM must fetch
+/// what is not resident and, to make room, write back dirty pages it evicts; the best any
+/// policy can do re-fetches at most `cap` of what it evicted. Per direction: the overflow
+/// plus min(cap, overflow) bytes.
+pub fn stream_floor_bytes(region: u64, cap: u64) -> (u64, u64) {
+    let over = region.saturating_sub(cap);
+    let b = over + over.min(cap);
+    (b, b)
+}
+
+/// Seconds the transfer floor takes: the two host paths run at once (a full-duplex
+/// link), each at `mbps` MB/s.
+pub fn transfer_floor_s((d2h, h2d): (u64, u64), mbps: u64) -> f64 {
+    d2h.max(h2d) as f64 / (mbps as f64 * 1e6)
 }
 
 pub fn progress(id: &str, i: usize, n: usize, what: &str) {
@@ -567,14 +588,7 @@ impl Bench {
         let np = n / PAGE;
         let seed = 0x51;
         let expect = checksum_of(n / 4, |i| pattern(i, seed));
-        let base = self.paired_base()?;
-        let mut bws = Vec::new();
-        for _ in 0..3 {
-            bws.push(n as f64 / base.time()? / 1e6);
-        }
-        bws.sort_by(f64::total_cmp);
-        // At least the slowest model the driver accepts.
-        let mbps = ((bws[1] / 4.0) as u64).max(10);
+        let (mbps, paired) = self.link_mbps()?;
         let kinds = ["device_faults", "explicit_prefetch", "cpu_faults"];
         let mut cells: Vec<Cell> = kinds.iter().map(|_| Cell::default()).collect();
         t!(self.s0.set_link([mbps, mbps, 0], 0));
@@ -636,7 +650,7 @@ impl Bench {
         })();
         t!(self.s0.set_link([0; 3], 0));
         run?;
-        let mut out = Json::obj().with("bytes", n).with("link_mbs", mbps).with("paired_baseline_mbs", bws[1]);
+        let mut out = Json::obj().with("bytes", n).with("link_mbs", mbps).with("paired_baseline_mbs", paired);
         for (k, kind) in kinds.iter().enumerate() {
             let c = &cells[k];
             out = out.with(
@@ -650,6 +664,31 @@ impl Bench {
             );
         }
         Ok(out)
+    }
+
+    /// The modelled host link bandwidth (MB/s) of the link-model runs: a quarter of the
+    /// guest's paired copy bandwidth (median of three, also returned), so that the link
+    /// and not the CPU copy is the floor; at least the slowest model the driver accepts.
+    fn link_mbps(&self) -> R<(u64, f64)> {
+        let n = self.size;
+        let base = self.paired_base()?;
+        let mut bws = Vec::new();
+        for _ in 0..3 {
+            bws.push(n as f64 / base.time()? / 1e6);
+        }
+        bws.sort_by(f64::total_cmp);
+        Ok((((bws[1] / 4.0) as u64).max(10), bws[1]))
+    }
+
+    /// Sets the link model of both devices: host links at `mbps`, the peer link at 4x
+    /// (faster than the host link, as NVLink is); 0 switches it off.
+    fn set_links(&self, mbps: u64) -> R<()> {
+        let m = [mbps, mbps, mbps * 4];
+        t!(self.s0.set_link(m, 0));
+        if let Some(s1) = &self.s1 {
+            t!(s1.set_link(m, 0));
+        }
+        Ok(())
     }
 
     /// P2: CPU-fault-driven device-to-host migration, paired with the baseline copy.
@@ -918,9 +957,12 @@ impl Bench {
             match kind {
                 "touch" if c.touch => touch_factors.to_vec(),
                 "touch" => vec![],
+                // Under the link model only the whole-range stream is judged.
+                "stream_chunked" if c.link => vec![],
                 _ => c.factors.clone(),
             }
         };
+        let link_mbps = if configs.iter().any(|c| c.link) { Some(self.link_mbps()?) } else { None };
         // cells[config][kind][factor]
         let mut cells: Vec<Vec<Vec<Cell>>> = configs
             .iter()
@@ -931,6 +973,8 @@ impl Bench {
             for (ci, c) in configs.iter().enumerate() {
                 sys::restore()?;
                 sys::control(&c.control)?;
+                let mbps = link_mbps.filter(|_| c.link).map(|(m, _)| m);
+                self.set_links(mbps.unwrap_or(0))?;
                 if let Some((lo, hi)) = c.watermarks {
                     sys::control(&format!("dev={} low={lo} high={hi}", self.d0))?;
                 }
@@ -965,8 +1009,18 @@ impl Bench {
                         cell.push("per_unit", u);
                         let b = *base.get_or_insert(u);
                         cell.push("slowdown", u / b);
+                        if let (Some(m), "stream") = (mbps, *kind) {
+                            // The floor: this repetition's fits-in-memory time per byte
+                            // (the first factor, 0.5x) for the whole region, plus the
+                            // mandatory transfers at the modelled bandwidth.
+                            let floor = b * bytes as f64 / 1e9
+                                + transfer_floor_s(stream_floor_bytes(bytes as u64, self.cap), m);
+                            cell.push("floor_s", floor);
+                            cell.push("time_over_floor", t / floor);
+                        }
                     }
                 }
+                self.set_links(0)?;
                 if let Some((lo, hi)) = saved_wm {
                     sys::control(&format!("dev={} low={lo} high={hi}", self.d0))?;
                 }
@@ -1005,6 +1059,8 @@ impl Bench {
                             )
                             .with("tlb_flushes_per_page", cell.per_page(cell.tlb_flushes, pages))
                             .with("per_migrated_page", cell.work_per_page(pages))
+                            .with_opt("floor_s", c.link.then(|| cell.stat("floor_s")))
+                            .with_opt("time_over_floor", c.link.then(|| cell.median("time_over_floor")))
                             .with("counters", counters_json(&cell.counters));
                         if *kind == "touch" {
                             r.set("touches", touch_count);
@@ -1018,6 +1074,8 @@ impl Bench {
         }
         Ok(Json::obj()
             .with("capacity_bytes", self.cap)
+            .with_opt("link_mbs", link_mbps.map(|(m, _)| m))
+            .with("floor", "link configurations: the 0.5x run's time per byte (same repetition) times the region, plus max(write-back bytes, fetch bytes) / link bandwidth, those bytes being the overflow plus min(capacity, overflow) each way (no peer tier)")
             .with("stream_kernel", "FILL then CHECKSUM over a fresh region, each one launch over the whole range (both timed); time per byte of the region")
             .with("stream_chunked_kernel", "the same two passes issued as 1 MiB launches in address order; time per byte of the region")
             .with("touch_kernel", "FILL (untimed), then TOUCH reads of uniformly random pages (timed); time per touch")
@@ -1315,5 +1373,25 @@ fn worker(w: Work, bytes: usize, seed: u32, go: i32, done: i32) -> i32 {
             say(b'x');
             1
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stream_floor_is_one_write_back_and_one_fetch_per_page_at_2x() {
+        let c = 16 << 20;
+        // Fits: nothing to move.
+        assert_eq!(stream_floor_bytes(c / 2, c), (0, 0));
+        assert_eq!(stream_floor_bytes(c, c), (0, 0));
+        // 1.5x: the overflow once each way, plus re-fetching what had to make room.
+        assert_eq!(stream_floor_bytes(c * 3 / 2, c), (c, c));
+        // 2x: every page written back once and fetched once.
+        assert_eq!(stream_floor_bytes(2 * c, c), (2 * c, 2 * c));
+        assert_eq!(stream_floor_bytes(4 * c, c), (4 * c, 4 * c));
+        // 1 MB at 100 MB/s on both paths at once: 10 ms, not 20.
+        assert!((transfer_floor_s((1_000_000, 1_000_000), 100) - 0.01).abs() < 1e-12);
     }
 }

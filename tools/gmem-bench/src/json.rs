@@ -17,6 +17,13 @@ pub trait JsonExt: Sized {
         self.set(key, v);
         self
     }
+    /// [`JsonExt::with`] if `v` is something; the object unchanged (no null) if not.
+    fn with_opt(self, key: &str, v: Option<impl Into<Json>>) -> Self {
+        match v {
+            Some(v) => self.with(key, v),
+            None => self,
+        }
+    }
 }
 
 impl JsonExt for Json {
