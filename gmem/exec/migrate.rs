@@ -352,6 +352,12 @@ fn copy_batch(lists: &[(CopyKey, KVec<GmemCopy>)], devs: &Devs) -> Result {
             return Err(EXDEV);
         }
     }
+    // Channels pay off only when there is something to overlap: a batch whose copies make
+    // a single part (one CPU fault's page, a small fetch) is copied synchronously, in this
+    // thread, sparing the hand-off to a channel's worker and back.
+    let chans_of = |d: u8| sections.get(d as usize).and_then(Option::as_ref).map_or(0, |o| o.channels());
+    let parts: usize = lists.iter().map(|((_, from, _), pages)| shares(pages.len(), chans_of(*from))).sum();
+    let overlap = parts > 1;
     // Declared after `sections`, so dropped (waited for) before they close.
     let mut flight = InFlight(KVec::new());
     let mut res = Ok(());
@@ -372,7 +378,7 @@ fn copy_batch(lists: &[(CopyKey, KVec<GmemCopy>)], devs: &Devs) -> Result {
         };
         DevStats::add(stat, pages.len() as u64);
         trace::migrate(dir, src.id, (dir == GMEM_COPY_D2D).then_some(usize::from(to)), pages.len());
-        let chans = sops.channels();
+        let chans = if overlap { sops.channels() } else { 0 };
         let per = pages.len().div_ceil(shares(pages.len(), chans));
         for part in pages.chunks(per) {
             DevStats::add(&src.stats.copy_calls, 1);

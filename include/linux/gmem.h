@@ -151,8 +151,8 @@ struct gmem_copy {
  * @copy: copy @n pages in direction @dir (a GMEM_COPY_* value); @peer_drv is the
  *	peer's @drv for %GMEM_COPY_D2D, NULL otherwise. Synchronous: the data is at the
  *	destination on return 0. On error the migration is abandoned (the source stays
- *	valid) and the errno propagated. Used when the device has no @copy_async, or
- *	declared no channel.
+ *	valid) and the errno propagated. Used when the device declared no channel, and
+ *	for a batch that comes to a single copy (nothing to overlap).
  * @copy_async: optional: start the same copy on copy channel @chan (0 ..
  *	&gmem_dev_props.nr_channels - 1) and return at once. Return 0 if the driver took
  *	the copy: it then calls gmem_fence_signal(@fence, err) exactly once, from any
