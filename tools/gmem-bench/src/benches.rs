@@ -577,8 +577,8 @@ impl Bench {
         ))
     }
 
-    /// P1/P2 with the link model on (`GMEM_SIM_IOC_LINK`): sim0's host links run at a
-    /// quarter of the guest's paired copy bandwidth, measured first, so that the link and
+    /// P1/P2 with the link model on (`GMEM_SIM_IOC_LINK`, `set_links`): the host links run
+    /// at a quarter of the guest's paired copy bandwidth, measured first, so that the link and
     /// not the CPU copy is the floor (device memory faster than the link, as on real
     /// hardware). Each migration's throughput is judged against the modelled bandwidth:
     /// device faults (default prefetch) and explicit PREFETCH host-to-device, CPU faults
@@ -591,7 +591,7 @@ impl Bench {
         let (mbps, paired) = self.link_mbps()?;
         let kinds = ["device_faults", "explicit_prefetch", "cpu_faults"];
         let mut cells: Vec<Cell> = kinds.iter().map(|_| Cell::default()).collect();
-        t!(self.s0.set_link([mbps, mbps, 0], 0));
+        self.set_links(mbps)?;
         let run = (|| -> R<()> {
             for rep in 0..self.runs() {
                 progress("PL", rep + 1, self.runs(), "device faults, PREFETCH, CPU faults over a modelled link");
@@ -648,7 +648,7 @@ impl Bench {
             }
             Ok(())
         })();
-        t!(self.s0.set_link([0; 3], 0));
+        self.set_links(0)?;
         run?;
         let mut out = Json::obj().with("bytes", n).with("link_mbs", mbps).with("paired_baseline_mbs", paired);
         for (k, kind) in kinds.iter().enumerate() {
