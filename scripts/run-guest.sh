@@ -17,7 +17,7 @@ boot() {
     : > "$LOG"
     ( timeout --foreground -k 5 "$TMO" qemu-system-x86_64 -accel tcg -cpu max -smp 2 -m 2G \
         -nographic -no-reboot -kernel "$KDIR/arch/x86/boot/bzImage" -initrd "$INITRD" \
-        -append "console=ttyS0 panic=-1 oops=panic panic_on_warn=0 gmemmode=$MODE $EXTRA" \
+        -append "console=ttyS0 panic=-1 oops=panic panic_on_warn=0 printk.devkmsg=on gmemmode=$MODE $EXTRA" \
         </dev/null 2>&1; echo "rc=$?" > "$LOG.rc" ) | tr -d '\r' | tee -a "$LOG" &
     local pipe=$! waited=0
     # Boot watchdog: no GMEM-INIT within BOOT_TMO seconds is a boot hang.
