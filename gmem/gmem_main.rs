@@ -8,8 +8,9 @@
 //!   callbacks (`vm_ops`), the driver C ABI (`registry`), debugfs (`debugfs`, `control`),
 //!   the load-time layout check (`layout`)
 //! - `mech`   — mechanisms: fault service (`fault`), ptrace access (`access`), density
-//!   prefetch (`prefetch`), eviction and overcommit (`evict`), unregistration's evacuation
-//!   (`evacuate`), region teardown (`teardown`)
+//!   prefetch (`prefetch`), read-ahead (`readahead`), moving advice in lanes (`moves`),
+//!   eviction and overcommit (`evict`), unregistration's evacuation (`evacuate`), region
+//!   teardown (`teardown`)
 //! - `exec`   — the block executor (`migrate`): the only code that calls a driver's
 //!   `copy`, `map`, `unmap` and `tlb_invalidate`
 //! - `obj`    — objects: address spaces (`space`), regions and their blocks (`region`),
@@ -49,7 +50,9 @@ mod mech {
     pub(crate) mod evacuate;
     pub(crate) mod evict;
     pub(crate) mod fault;
+    pub(crate) mod moves;
     pub(crate) mod prefetch;
+    pub(crate) mod readahead;
     pub(crate) mod teardown;
 }
 

@@ -333,7 +333,7 @@ def markdown(d):
         L.append("")
         head = ["run", "size", "time (median, min–max)", "slowdown vs 0.5×", "fault waits / allocs",
                 "evicted host / peer / clean", "pre-evicted", "prefetch pages / used / wasted (accuracy)",
-                "thrash events", "fault pages / batches", "copies / TLB flushes per page"]
+                "thrash events", "fault pages / batches", "copies / transfers / TLB flushes per page"]
         for c in p4.get("configs", []):
             wm = c.get("watermarks")
             extra = f", watermarks low={wm['low']} high={wm['high']}" if wm else ""
@@ -353,7 +353,7 @@ def markdown(d):
                         f"{s.get('prefetch_pages')} / {s.get('prefetch_used')} / {s.get('prefetch_wasted')} ({pct(s.get('prefetch_accuracy'))})",
                         s.get("thrash_events"),
                         f"{s.get('fault_pages')}/{s.get('fault_batches')}",
-                        f"{f(r.get('copies_per_page'))} / {f(r.get('tlb_flushes_per_page'))}",
+                        f"{f(r.get('copies_per_page'))} / {f(r.get('transfers_per_page'))} / {f(r.get('tlb_flushes_per_page'))}",
                     ])
             L.append(table(head, rows))
             L.append("")

@@ -31,12 +31,18 @@ pub(crate) fn apply(text: &str) -> Result {
     for word in text.split_whitespace() {
         let (k, v) = word.split_once('=').ok_or(EINVAL)?;
         match k {
-            "prefetch" | "preevict" | "peer" | "thrash" => {
+            "prefetch" | "preevict" | "peer" | "thrash" | "readahead" => {
                 flag(v)?;
             }
             "prefetch_pct" => {
                 let p = num(v)?;
                 if p == 0 || p > 100 {
+                    return Err(EINVAL);
+                }
+            }
+            "lanes" => {
+                let n = num(v)?;
+                if n == 0 || n > u64::from(MAX_LANES) {
                     return Err(EINVAL);
                 }
             }
@@ -67,6 +73,8 @@ pub(crate) fn apply(text: &str) -> Result {
             "preevict" => PREEVICT.store(flag(v)?, Relaxed),
             "peer" => PEER.store(flag(v)?, Relaxed),
             "thrash" => THRASH.store(flag(v)?, Relaxed),
+            "readahead" => READAHEAD.store(flag(v)?, Relaxed),
+            "lanes" => LANES.store(num(v)? as u32, Relaxed),
             "prefetch_pct" => PREFETCH_PCT.store(num(v)? as u32, Relaxed),
             "thrash_window_us" => THRASH_WINDOW_US.store(num(v)? as u32, Relaxed),
             _ => {}
@@ -79,12 +87,14 @@ pub(crate) fn apply(text: &str) -> Result {
 pub(crate) fn show(f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
     writeln!(
         f,
-        "prefetch={} prefetch_pct={} preevict={} peer={} thrash={} thrash_window_us={}",
+        "prefetch={} prefetch_pct={} preevict={} peer={} thrash={} thrash_window_us={} readahead={} lanes={}",
         u8::from(PREFETCH.load(Relaxed)),
         PREFETCH_PCT.load(Relaxed),
         u8::from(PREEVICT.load(Relaxed)),
         u8::from(PEER.load(Relaxed)),
         u8::from(THRASH.load(Relaxed)),
-        THRASH_WINDOW_US.load(Relaxed)
+        THRASH_WINDOW_US.load(Relaxed),
+        u8::from(READAHEAD.load(Relaxed)),
+        LANES.load(Relaxed)
     )
 }

@@ -127,10 +127,11 @@ fn show_device(d: &Device, f: &mut fmt::Formatter<'_>) -> fmt::Result {
     )?;
     writeln!(
         f,
-        "  prefetch: pages={} used={} wasted={} thrash_events={}",
+        "  prefetch: pages={} used={} wasted={} readahead={} thrash_events={}",
         g(&s.prefetched),
         g(&s.prefetch_used),
         g(&s.prefetch_wasted),
+        g(&s.readahead),
         g(&s.thrash_events)
     )
 }

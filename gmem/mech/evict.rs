@@ -11,8 +11,11 @@
 //!   its high watermark free, so its own allocations win), else to host memory. Clean
 //!   pages (valid host copy) are dropped without a copy.
 //! - When: on demand from the fault path (counted as a *fault wait*), and in the
-//!   background between the low and high watermarks (*pre-eviction*). The background pass
-//!   also writes parked victims back to host so that the lender can drop them instantly.
+//!   background between the low and high watermarks (*pre-eviction*). A lender whose own
+//!   use has eaten into its reserve (fewer than `high` frames free) also writes parked
+//!   victims back to host in the background, so that it can drop them instantly; not
+//!   before (`policy::evict::write_back_lent`): a parked page costs a copy out and a copy
+//!   back, as a trip through the host does, and an early write-back would add a third.
 //! - Whose: when the device is full, any frame its dmem cgroup does not protect; when a
 //!   cgroup is at its `dmem.max` (a fault or advice of its process, or the controller's
 //!   reclaim callback when the limit is lowered), only frames charged within that cgroup:
@@ -30,7 +33,7 @@ use crate::obj::region::Region;
 use crate::obj::region::{adv, ADVICE_RUNS};
 use crate::obj::{devices, trace, tune};
 use crate::policy::evict::F_LENT;
-use crate::policy::evict::{reclaim_target, F_REF};
+use crate::policy::evict::{reclaim_target, write_back_lent, F_REF};
 use crate::policy::page_state::Target;
 use crate::policy::page_state::{transition, Actions, Copy, Event, Loc};
 use crate::policy::range::AdviceMap;
@@ -179,8 +182,10 @@ fn evict_pages(
         trace::evict(dev.id, tally[0], tally[1], tally[2]);
     }
     if let (true, Some(peer)) = (parked, peer) {
-        // The lender makes host copies of parked pages in the background.
-        crate::obj::device::kick_always(peer);
+        if write_back_lent(peer.frames_free(), peer.high()) {
+            // The lender is short itself: it makes host copies of parked pages.
+            crate::obj::device::kick_always(peer);
+        }
     }
     // Out of host memory: nothing more can be evicted to the host.
     if host_full {
@@ -366,8 +371,12 @@ pub(crate) fn make_room_for(a: &Actions, want: usize, why: Why, within: Option<W
     }
 }
 
-/// Writes parked victims back to host, so that the lender can later drop them instantly.
+/// Writes parked victims back to host, so that the lender can later drop them instantly;
+/// only while the lender is short of frames itself (`write_back_lent`).
 fn write_back_parked(dev: &Device) {
+    if !write_back_lent(dev.frames_free(), dev.high()) {
+        return;
+    }
     let Ok(list) = dev.lent_dirty(64) else { return };
     for (f, who) in list.iter() {
         let region = &who.region;

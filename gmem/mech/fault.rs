@@ -8,7 +8,7 @@
 
 use crate::exec::migrate::{self, Env};
 use crate::mech::evict::{self, Why};
-use crate::mech::prefetch;
+use crate::mech::{prefetch, readahead};
 use crate::obj::device::{DevStats, Device};
 use crate::obj::region::{adv, Pages, Region, ADVICE_RUNS};
 use crate::obj::space::{Space, Thrash};
@@ -151,7 +151,12 @@ pub(crate) fn device_fault(dev: &Arc<Device>, space: &Space, addrs: &[u64], writ
         }
         if let (Some((r, vma)), Some(&first)) = (&cur, block.first()) {
             if tune::PREFETCH.load(Relaxed) {
-                prefetch::on_fault(dev, r, *vma, (first as usize) & !((1 << 21) - 1), &faulted);
+                let block_va = (first as usize) & !((1 << 21) - 1);
+                if prefetch::on_fault(dev, r, *vma, block_va, &faulted) {
+                    // The device streams through the region: fetch its next block while
+                    // it computes on this one.
+                    readahead::after(dev, r, block_va);
+                }
             }
         }
     }

@@ -13,19 +13,27 @@ use crate::obj::device::{DevStats, Device, F_PREFETCHED};
 use crate::obj::region::{Pages, Region, PAGE_SIZE};
 use crate::obj::{trace, tune};
 use crate::policy::page_state::{transition, Actions, Event, Loc, Target};
-use crate::policy::prefetch::{density, BLOCK_PAGES};
+use crate::policy::prefetch::{density, read_ahead, BLOCK_PAGES};
 use core::sync::atomic::Ordering::Relaxed;
 use kernel::{mm::virt::VmaRef, prelude::*, sync::Arc};
 
 /// Runs density prefetch for the block at `block_va` of `r` after a fault batch that
-/// touched the pages in `faulted` (bitmap over the block's 512 pages).
-pub(crate) fn on_fault(dev: &Arc<Device>, r: &Arc<Region>, vma: Option<&VmaRef>, block_va: usize, faulted: &[u64; 8]) {
+/// touched the pages in `faulted` (bitmap over the block's 512 pages). Returns whether the
+/// block is now wholly resident on the device (`policy::prefetch::read_ahead`: the caller
+/// may read the next block ahead).
+pub(crate) fn on_fault(
+    dev: &Arc<Device>,
+    r: &Arc<Region>,
+    vma: Option<&VmaRef>,
+    block_va: usize,
+    faulted: &[u64; 8],
+) -> bool {
     let d = dev.id as u8;
-    let Some(first) = r.index(core::cmp::max(block_va, r.start)) else { return };
-    let Ok(block) = r.block(first) else { return };
+    let Some(first) = r.index(core::cmp::max(block_va, r.start)) else { return false };
+    let Ok(block) = r.block(first) else { return false };
     let mut p = r.lock(&block);
     if r.is_dead() || !dev.alive() {
-        return;
+        return false;
     }
     let advice = *r.advice.lock();
     let (mut resident, mut valid) = ([0u64; 8], [0u64; 8]);
@@ -38,7 +46,7 @@ pub(crate) fn on_fault(dev: &Arc<Device>, r: &Arc<Region>, vma: Option<&VmaRef>,
         }
     }
     let extra = density(&resident, faulted, &valid, tune::PREFETCH_PCT.load(Relaxed), BLOCK_PAGES);
-    let Ok(mut steps) = KVec::<Step>::with_capacity(BLOCK_PAGES, GFP_KERNEL) else { return };
+    let Ok(mut steps) = KVec::<Step>::with_capacity(BLOCK_PAGES, GFP_KERNEL) else { return false };
     for k in 0..BLOCK_PAGES {
         if extra[k / 64] & (1 << (k % 64)) == 0 {
             continue;
@@ -56,12 +64,28 @@ pub(crate) fn on_fault(dev: &Arc<Device>, r: &Arc<Region>, vma: Option<&VmaRef>,
         // Capacity reserved above.
         let _ = steps.push(Step { i: j, prev: s, next, a }, GFP_NOWAIT);
     }
-    // One executor batch; when the device (or host memory) runs out part way, the rest is
-    // simply not fetched: prefetch is only a bet, it never evicts.
-    let out = migrate::apply_batch(&Env::access(r, vma), &mut p, &steps);
+    speculate(dev, r, vma, &mut p, &steps);
+    // Residency now: what was there, the fault batch's pages (unless they were mapped
+    // remotely), what the batch above fetched.
+    for k in 0..BLOCK_PAGES {
+        if let Some(j) = r.index(block_va + k * PAGE_SIZE) {
+            if p.state(j).loc() == Loc::Device(d) {
+                resident[k / 64] |= 1 << (k % 64);
+            }
+        }
+    }
+    read_ahead(&resident, &valid)
+}
+
+/// Fetches `steps` (PREFETCH transitions of the locked block `p` to `dev`) as one executor
+/// batch; when the device (or host memory) runs out part way, the rest is simply not
+/// fetched: speculative fetches (density prefetch, read-ahead) are only a bet, they never
+/// evict. Marks the frames `F_PREFETCHED` and counts them; returns how many there are.
+pub(crate) fn speculate(dev: &Device, r: &Arc<Region>, vma: Option<&VmaRef>, p: &mut Pages, steps: &[Step]) -> u64 {
+    let out = migrate::apply_batch(&Env::access(r, vma), p, steps);
     let mut n = 0u64;
     for st in &steps[..out.done] {
-        if st.next.loc() == Loc::Device(d) {
+        if st.next.loc() == Loc::Device(dev.id as u8) {
             // The executor recorded the owner; only the prefetch mark is added.
             dev.set_flags(p.frame(st.i), F_PREFETCHED);
             n += 1;
@@ -71,6 +95,7 @@ pub(crate) fn on_fault(dev: &Arc<Device>, r: &Arc<Region>, vma: Option<&VmaRef>,
     if n != 0 {
         trace::prefetch(dev.id, n);
     }
+    n
 }
 
 /// CPU fault-around: the pages of page `i`'s 2 MiB block that a CPU fault on `i` brings

@@ -274,6 +274,8 @@ pub(crate) struct DevStats {
     pub(crate) writebacks: AtomicU64,
     pub(crate) prefetch_used: AtomicU64,
     pub(crate) prefetch_wasted: AtomicU64,
+    /// Pages fetched by read-ahead (`mech/readahead.rs`; also counted in `prefetched`).
+    pub(crate) readahead: AtomicU64,
     pub(crate) thrash_events: AtomicU64,
     /// Driver calls made by the block executor: `copy`, `map`, and `unmap` (each followed
     /// by one `tlb_invalidate`); per migrated page they show the batching.
@@ -397,6 +399,8 @@ pub(crate) struct Device {
     drv: CDriver,
     /// False once unregistering started: nothing new is placed on the device.
     alive: AtomicBool,
+    /// A read-ahead of this device is queued or running (`mech/readahead.rs`: one at a time).
+    pub(crate) reading_ahead: AtomicBool,
     /// Round-robin cursor over the copy channels (`next_channel`).
     chan_rr: AtomicU32,
     /// True once unregistration quiesced the driver: no callback may be made any more.
@@ -455,6 +459,7 @@ impl Device {
                 nr_frames,
                 drv,
                 alive: AtomicBool::new(true),
+                reading_ahead: AtomicBool::new(false),
                 chan_rr: AtomicU32::new(0),
                 gone: AtomicBool::new(false),
                 callbacks <- new_srcu!("gmem_device_callbacks"),

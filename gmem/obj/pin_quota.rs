@@ -7,7 +7,7 @@
 //!
 //! Who charges and who uncharges:
 //! - a PIN charges every page of its range not pinned yet, up front, before any page moves
-//!   (`advise::move_pages`), and gives back what it did not pin in the end;
+//!   (`moves::move_pages`), and gives back what it did not pin in the end;
 //! - every transition that clears a page's pin (UNPIN, device unregistration, FREE, loss)
 //!   uncharges that page at its commit point (`migrate::apply`).
 //!

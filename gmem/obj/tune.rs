@@ -5,6 +5,8 @@
 //! - `prefetch_pct=1..100` density threshold in percent (default 51, as UVM)
 //! - `preevict=0|1`        background pre-eviction between the watermarks (default 1)
 //! - `peer=0|1`            park victims on peer devices with spare frames (default 1)
+//! - `readahead=0|1`       read-ahead of the next block for a streaming device (default 1)
+//! - `lanes=1..4`          blocks one PREFETCH advice works on at once (default 2)
 //! - `thrash=0|1`          thrashing detection and response (default 1)
 //! - `thrash_window_us=N`  longest pause between moves of one burst (default 500, as UVM)
 //! - `dev=N low=L high=H`  watermarks of device N, in frames
@@ -15,5 +17,9 @@ pub(crate) static PREFETCH: AtomicBool = AtomicBool::new(true);
 pub(crate) static PREFETCH_PCT: AtomicU32 = AtomicU32::new(51);
 pub(crate) static PREEVICT: AtomicBool = AtomicBool::new(true);
 pub(crate) static PEER: AtomicBool = AtomicBool::new(true);
+pub(crate) static READAHEAD: AtomicBool = AtomicBool::new(true);
+pub(crate) static LANES: AtomicU32 = AtomicU32::new(2);
+/// Most lanes `lanes=` accepts.
+pub(crate) const MAX_LANES: u32 = 4;
 pub(crate) static THRASH: AtomicBool = AtomicBool::new(true);
 pub(crate) static THRASH_WINDOW_US: AtomicU32 = AtomicU32::new(500);

@@ -126,6 +126,16 @@ pub fn reclaim_target(free: u64, low: u64, high: u64, evictable: u64) -> u64 {
     high.max(low).saturating_sub(free).min(evictable)
 }
 
+/// Whether a lender (a device holding victims that peers parked on it) should write its
+/// parked dirty pages back to the host now, with `free` frames free and watermark `high`:
+/// only once its own use has eaten into the reserve that parking leaves it (`free <
+/// high`), so that it can then drop them at once. Earlier it would only add copies: a
+/// parked page costs a copy out and one back, as a write-back and a fetch would, and an
+/// early write-back makes it three.
+pub fn write_back_lent(free: u64, high: u64) -> bool {
+    free < high
+}
+
 /// Default watermarks `(low, high)` for a pool of `nframes` frames: `low = nframes / 64`
 /// clamped to `8..=nframes / 4` (the upper bound wins for tiny pools), `high = 2 * low`
 /// capped at `nframes / 2`.
@@ -138,6 +148,16 @@ pub fn default_watermarks(nframes: u64) -> (u64, u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_lender_writes_parked_pages_back_only_inside_its_reserve() {
+        // Parking leaves the lender more than `high` free: no write-back then.
+        assert!(!write_back_lent(129, 128));
+        assert!(!write_back_lent(128, 128));
+        assert!(write_back_lent(127, 128));
+        assert!(write_back_lent(0, 128));
+        assert!(!write_back_lent(0, 0));
+    }
 
     fn select(flags: &mut [u8], hand: &mut u64, max: usize) -> std::vec::Vec<u64> {
         let mut out = std::vec![0u64; max];

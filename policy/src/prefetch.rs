@@ -15,6 +15,9 @@
 //! has at most `max_pages` pages; with `threshold_pct == 100` it is empty. Pure, no
 //! allocation, bounded work (511 subregions).
 //!
+//! [`read_ahead`] decides when a device fault starts an asynchronous fetch of the *next*
+//! block: once the faulted block is wholly resident, the device is streaming through it.
+//!
 //! [`Stride`] remembers the last three fault page numbers and reports a constant, non-zero
 //! stride between them; differences that do not fit an `i64` never count as a stride.
 #![allow(dead_code, unreachable_pub)]
@@ -23,6 +26,15 @@
 pub const BLOCK_PAGES: usize = 512;
 /// Words of a block bitmap.
 const WORDS: usize = BLOCK_PAGES / 64;
+
+/// Whether a device fault batch that leaves the device holding `resident` of the block's
+/// `valid` pages should start reading the next block ahead: when the block is wholly
+/// resident (the density rule fetched the rest, or it was there already) and has any valid
+/// page at all. A block that stays partly resident (random access, or a full device) does
+/// not start a read-ahead: the next block would be a guess, not a stream.
+pub fn read_ahead(resident: &[u64; WORDS], valid: &[u64; WORDS]) -> bool {
+    valid.iter().any(|&w| w != 0) && valid.iter().zip(resident).all(|(&v, &r)| v & !r == 0)
+}
 
 /// Word range and in-word mask of the aligned subregion `[start, start + size)`, where
 /// `size` is a power of two in `2..=512` and `start < 512` a multiple of it.
@@ -147,6 +159,21 @@ impl Default for Stride {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn read_ahead_follows_a_wholly_resident_block_only() {
+        let all = [u64::MAX; 8];
+        assert!(read_ahead(&all, &all));
+        // The head of a region that starts mid-block: only its valid pages count.
+        let tail = set(&(300..512).collect::<std::vec::Vec<_>>());
+        assert!(read_ahead(&tail, &tail));
+        let mut part = all;
+        part[7] &= !(1 << 63);
+        assert!(!read_ahead(&part, &all));
+        assert!(!read_ahead(&[0; 8], &all));
+        // No valid page: nothing streamed.
+        assert!(!read_ahead(&all, &[0; 8]));
+    }
 
     fn set(pages: &[usize]) -> [u64; 8] {
         let mut m = [0u64; 8];

@@ -301,6 +301,12 @@ impl Cell {
     }
 }
 
+/// Pages moved over a link, every device: host to device, device to host, device to
+/// device (zero fills excluded: they write device memory and cross no link).
+fn transfers(c: &Counters) -> u64 {
+    ["migrated.h2d", "migrated.d2h", "migrated.d2d"].iter().map(|k| all_devs(c, k)).sum()
+}
+
 /// A counter summed over every device.
 fn all_devs(c: &Counters, key: &str) -> u64 {
     c.values().filter_map(|m| m.get(key)).sum()
@@ -648,6 +654,7 @@ impl Bench {
             }
             Ok(())
         })();
+        sys::restore()?;
         self.set_links(0)?;
         run?;
         let mut out = Json::obj().with("bytes", n).with("link_mbs", mbps).with("paired_baseline_mbs", paired);
@@ -1053,6 +1060,7 @@ impl Bench {
                             .with("slowdown_spread", cell.stat("slowdown"))
                             .with("dev0", overcommit_summary(&cell.counters, self.d0 as u32))
                             .with("copies_per_page", cell.per_page(cell.copies, pages))
+                            .with("transfers_per_page", cell.per_page(transfers(&cell.counters), pages))
                             .with(
                                 "copy_calls_per_page",
                                 cell.per_page(all_devs(&cell.counters, "driver_calls.copy"), pages),

@@ -432,9 +432,9 @@ fn targets(out: &Json) -> Json {
         ),
         target(
             "P4",
-            "2x stream, copies per page",
-            "copy-engine pages (zero fills included) per page of the region, 2x streaming (preevict=1 prefetch=1)",
-            p4_at_2x("preevict1_prefetch1", "stream", "copies_per_page"),
+            "2x stream, transfers per page",
+            "pages moved over a link (H2D, D2H, D2D; zero fills are not transfers) per page of the region, 2x streaming (preevict=1 prefetch=1); the floor is 2, one write-back and one fetch",
+            p4_at_2x("preevict1_prefetch1", "stream", "transfers_per_page"),
             "<=",
             2.05,
             None,

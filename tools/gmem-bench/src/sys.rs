@@ -56,17 +56,13 @@ pub fn control(cmd: &str) -> Result<(), String> {
 pub fn defaults() -> &'static str {
     static D: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     D.get_or_init(|| {
+        // Every switch of the line (each word is `key=value`).
         let line = control_settings();
-        let words: Vec<&str> = line
-            .split_whitespace()
-            .filter(|w| {
-                ["prefetch=", "prefetch_pct=", "preevict=", "peer=", "thrash="].iter().any(|k| w.starts_with(k))
-            })
-            .collect();
-        if words.len() == 5 {
-            words.join(" ")
+        let words: Vec<&str> = line.split_whitespace().filter(|w| w.contains('=')).collect();
+        if words.is_empty() {
+            "prefetch=1 prefetch_pct=51 preevict=1 peer=1 thrash=1 readahead=1 lanes=2".to_string()
         } else {
-            "prefetch=1 prefetch_pct=51 preevict=1 peer=1 thrash=1".to_string()
+            words.join(" ")
         }
     })
 }

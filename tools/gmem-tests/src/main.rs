@@ -7,6 +7,7 @@
 
 mod harness;
 mod t_advise;
+mod t_ahead;
 mod t_bad;
 mod t_basic;
 mod t_block;
@@ -41,6 +42,7 @@ fn all_tests() -> Vec<Test> {
     v.extend(t_dmem::tests());
     v.extend(t_link::tests());
     v.extend(t_chan::tests());
+    v.extend(t_ahead::tests());
     v.extend(t_trace::tests());
     v.extend(t_bad::tests());
     v.extend(t_overcommit::tests());

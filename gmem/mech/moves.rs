@@ -1,0 +1,373 @@
+// SPDX-License-Identifier: GPL-2.0
+//! Moving advice: PREFETCH, PIN, UNPIN and DONTNEED applied to a page range of one region,
+//! block by block, with the mmap lock held for CPU zaps. A full device is made room on
+//! (eviction) and the page retried.
+//!
+//! The range is worked through in chunks of one block (up to 512 pages): one mmap lock,
+//! one block lock, one executor batch (or a few, when the device fills up or a page
+//! refuses). Between chunks the mmap lock and the reference on the address space's users
+//! are dropped and the task may be rescheduled. Not holding the mm's users across chunks
+//! is what lets an exiting process's `exit_mmap` run (and tear the region down) while a
+//! queued prefetch of it is still running: the prefetch then fails with `EFAULT`/`ENOENT`
+//! at its next chunk instead of migrating pages for a dead process.
+//!
+//! **Lanes.** A PREFETCH of more than one block runs in up to `lanes` lanes at once
+//! (`tune::LANES`, default 2): the caller and helper work items on gmem's workqueue claim
+//! blocks from one cursor, in address order. While one lane's copies are on the link, the
+//! other sets up, commits and maps its block, so the link does not idle between blocks
+//! (a lane holds one block lock, never two: no lock nesting). PIN, UNPIN and DONTNEED stay
+//! in one lane (PIN counts what it pinned; the others are cheap).
+//!
+//! Stopping: every lane checks the shared `cancel` flag (set when the file of an
+//! asynchronous prefetch is closed, as a killed process's is) before each block it claims;
+//! the caller's lane also checks for a fatal signal (its own task's: a helper runs on a
+//! kworker). A stop or the first error of any lane stops every lane (`EINTR` or that
+//! error): a lane finishes the block it is in, claims no more and is done. So once the
+//! owner is cancelled, at most one block per lane is still moved. (A lane cannot rely on
+//! the process's exit alone: two lanes taking turns at `mmget_not_zero` could keep a dead
+//! process's address space in use between them.)
+//!
+//! Lifetimes: a helper owns a reference to the shared [`Lanes`], which owns the region; it
+//! takes the mm only through `mm_user` and the mmap lock itself, per block, in the fault
+//! paths' order. The caller holds no mmap or block lock while it waits for helpers (a
+//! helper's mmap read lock could otherwise queue behind a writer that waits for the
+//! caller's). It waits only for the helpers that are inside a block (`Lanes::busy`, under
+//! `Lanes::state`): a helper the workqueue starts later finds the cursor at the end and
+//! does nothing, so the caller never waits for the workqueue itself (which matters when
+//! the caller is an asynchronous prefetch running on that same queue).
+
+use crate::exec::migrate::{self, Env};
+use crate::mech::evict::{self, Why, Within};
+use crate::obj::device::{DevStats, Device};
+use crate::obj::region::Region;
+use crate::obj::{devices, pin_quota, sched, tune, wq};
+use crate::policy::page_state::{transition, Event, PageState};
+use core::sync::atomic::{
+    AtomicBool,
+    Ordering::{Acquire, Relaxed},
+};
+use kernel::{
+    new_condvar, new_mutex,
+    prelude::*,
+    sync::{Arc, CondVar, Mutex},
+    workqueue::{impl_has_work, new_work, Work, WorkItem},
+};
+
+/// Applies the moving `event` (PREFETCH to `target` or the host, PIN on `target`, UNPIN,
+/// DONTNEED) to the pages `first..first + count` of `region`; stops early with `EINTR` on
+/// a fatal signal or once `cancel` is set.
+pub(crate) fn move_pages(
+    region: &Arc<Region>,
+    first: usize,
+    count: usize,
+    event: Event,
+    target: Option<u8>,
+    cancel: Option<&Arc<AtomicBool>>,
+) -> Result {
+    let space = &region.space;
+    let end = first.checked_add(count).ok_or(EINVAL)?;
+    let dev = target.and_then(|d| devices::get(d as usize));
+    // Pages this PIN charged to the process's pin quota up front (`pin_quota.rs`).
+    let mut charged = 0u64;
+    if let (Event::Pin { .. }, Some(dev)) = (event, &dev) {
+        // A pin must fit beside the other pins: refuse it up front rather than half way.
+        // Every page of the range that is not pinned yet becomes a pinned frame of `d`.
+        let newly = {
+            // Pages of untouched blocks are not pinned; only touched blocks are walked.
+            let mut pinned = 0u64;
+            let mut from = first;
+            while let Some(block) = region.next_block(from) {
+                let p = region.lock(&block);
+                let r = p.range();
+                if r.start >= end {
+                    break;
+                }
+                from = r.end;
+                for i in core::cmp::max(r.start, first)..core::cmp::min(r.end, end) {
+                    pinned += u64::from(p.state(i).pinned());
+                }
+                drop(p);
+                sched::cond_resched();
+            }
+            (end - first) as u64 - pinned
+        };
+        if newly + dev.frames_pinned() > dev.nr_frames {
+            return Err(ENOSPC);
+        }
+        pin_quota::charge(space.mm(), newly)?;
+        charged = newly;
+    }
+    let lanes = tune::LANES.load(Relaxed).clamp(1, tune::MAX_LANES) as usize;
+    let blocks = region.block_pages(first).end < end;
+    if matches!(event, Event::Prefetch { .. }) && lanes > 1 && blocks {
+        return in_lanes(region, first, end, event, dev, lanes - 1, cancel);
+    }
+    let mut pinned = 0u64;
+    let r = move_range(region, first, end, event, &dev, cancel, &mut pinned);
+    // What the PIN charged but did not pin (an error part way, or pages pinned by someone
+    // else meanwhile) goes back; each page it did pin stays charged until its pin ends.
+    pin_quota::uncharge(space.mm(), charged.saturating_sub(pinned));
+    r
+}
+
+/// The page loop of [`move_pages`] in one lane; counts the pages it pinned in `pinned`.
+fn move_range(
+    region: &Arc<Region>,
+    first: usize,
+    end: usize,
+    event: Event,
+    dev: &Option<Arc<Device>>,
+    cancel: Option<&Arc<AtomicBool>>,
+    pinned: &mut u64,
+) -> Result {
+    // Advice that leaves never-touched pages alone (DONTNEED, UNPIN) skips untouched
+    // metadata blocks whole: on a terabyte region it must not walk every page.
+    let skip_untouched =
+        matches!(transition(PageState::EMPTY, event), Ok((n, a)) if n == PageState::EMPTY && a == Default::default());
+    let mut i = first;
+    while i < end {
+        stopped(cancel, true)?;
+        if skip_untouched {
+            match region.touched_from(i) {
+                Some(t) if t < end => i = t,
+                _ => return Ok(()),
+            }
+        }
+        let chunk_end = core::cmp::min(end, region.block_pages(i).end);
+        move_block(region, i, chunk_end, event, dev, pinned)?;
+        i = chunk_end;
+        sched::cond_resched();
+    }
+    Ok(())
+}
+
+/// One chunk: the pages `first..chunk_end` of one block, under one mmap read lock and one
+/// block lock (dropped only to evict).
+fn move_block(
+    region: &Arc<Region>,
+    first: usize,
+    chunk_end: usize,
+    event: Event,
+    dev: &Option<Arc<Device>>,
+    pinned: &mut u64,
+) -> Result {
+    let space = &region.space;
+    let mm = space.mm_user().ok_or(EFAULT)?;
+    let mmap = mm.mmap_read_lock();
+    let vma = mmap.vma_lookup(region.start).filter(|v| v.start() == region.start);
+    // Eviction attempts for the current page; the budget is per page (refilled after
+    // every batch that makes progress), so a long range does not run out of it.
+    let mut retries = 0;
+    let mut steps: KVec<migrate::Step> = KVec::with_capacity(migrate::BATCH_PAGES, GFP_KERNEL)?;
+    let block = region.block(first)?;
+    let mut p = region.lock(&block);
+    let mut i = first;
+    while i < chunk_end {
+        if region.is_dead() {
+            return Err(ENOENT);
+        }
+        steps.clear();
+        let mut refusal = None;
+        let mut j = i;
+        while j < chunk_end && steps.len() < migrate::BATCH_PAGES {
+            let s = p.state(j);
+            match transition(s, event) {
+                Err(r) => {
+                    refusal = Some(migrate::refusal_errno(r));
+                    break;
+                }
+                Ok((next, acts)) if next != s || acts != Default::default() => {
+                    steps.push(migrate::Step { i: j, prev: s, next, a: acts }, GFP_KERNEL)?;
+                }
+                Ok(_) => {}
+            }
+            j += 1;
+        }
+        let out = migrate::apply_batch(&Env::access(region, vma), &mut p, &steps);
+        for st in &steps[..out.done] {
+            *pinned += u64::from(!st.prev.pinned() && st.next.pinned());
+        }
+        if let (Event::Prefetch { .. }, Some(dev)) = (event, dev) {
+            DevStats::add(&dev.stats.prefetched, out.done as u64);
+        }
+        if out.done < steps.len() {
+            // Steps from `steps[out.done]` on were not applied.
+            i = steps[out.done].i;
+            match out.res {
+                Err(e) if e == ENOSPC => {
+                    // The device is full, or the owner's dmem cgroup at its limit there: evict
+                    // (within that cgroup; without the block lock), then retry.
+                    let acts = steps[out.done].a;
+                    drop(p);
+                    retries = if out.done > 0 { 1 } else { retries + 1 };
+                    if retries > 64 {
+                        return Err(ENOMEM);
+                    }
+                    let within = out.limit.as_ref().map(|limit| Within { limit, mm: Some(space.mm()) });
+                    evict::make_room_for(&acts, 64, Why::Advice, within)?;
+                    p = region.lock(&block);
+                    continue;
+                }
+                Err(e) => return Err(e),
+                Ok(()) => return Err(EINVAL),
+            }
+        }
+        out.res?;
+        retries = 0;
+        i = j;
+        if let Some(e) = refusal {
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+/// `EINTR` once `cancel` is set or, when `caller` (the lane runs in the task that asked),
+/// a fatal signal is pending.
+fn stopped(cancel: Option<&Arc<AtomicBool>>, caller: bool) -> Result {
+    let cancelled = cancel.is_some_and(|c| c.load(Acquire));
+    if cancelled || (caller && sched::fatal_signal_pending()) {
+        return Err(EINTR);
+    }
+    Ok(())
+}
+
+/// What the lanes of one PREFETCH share, under [`Lanes::state`].
+struct LaneState {
+    /// The first page no lane has claimed yet.
+    cursor: usize,
+    /// Helpers inside a block.
+    busy: usize,
+    /// Set on the first error (or a stop of the caller's): no more claims.
+    stop: bool,
+    /// The first error of any lane.
+    err: Option<Error>,
+}
+
+/// One PREFETCH in lanes (see the module documentation).
+#[pin_data]
+struct Lanes {
+    region: Arc<Region>,
+    event: Event,
+    dev: Option<Arc<Device>>,
+    end: usize,
+    /// The owner's cancellation, seen by every lane.
+    cancel: Option<Arc<AtomicBool>>,
+    #[pin]
+    state: Mutex<LaneState>,
+    /// Signalled when a helper leaves a block.
+    #[pin]
+    idle: CondVar,
+}
+
+impl Lanes {
+    /// Claims the next chunk (the rest of the block at the cursor), or `None` when every
+    /// page is claimed or the lanes stopped. A helper's claim counts it busy.
+    fn claim(&self, helper: bool) -> Option<(usize, usize)> {
+        let mut st = self.state.lock();
+        if st.stop || st.cursor >= self.end {
+            return None;
+        }
+        let i = st.cursor;
+        let e = core::cmp::min(self.end, self.region.block_pages(i).end);
+        st.cursor = e;
+        st.busy += usize::from(helper);
+        Some((i, e))
+    }
+
+    /// Records the outcome of a chunk (the first error stops every lane); a helper is no
+    /// longer busy.
+    fn done(&self, r: Result, helper: bool) {
+        let mut st = self.state.lock();
+        if let Err(e) = r {
+            st.stop = true;
+            st.err.get_or_insert(e);
+        }
+        if helper {
+            st.busy -= 1;
+            self.idle.notify_all();
+        }
+    }
+
+    /// Runs chunks until none is left; a cancellation (or, in the caller's lane, a fatal
+    /// signal) seen before a claim stops every lane.
+    fn work(&self, helper: bool) {
+        let mut pinned = 0;
+        loop {
+            if let Err(e) = stopped(self.cancel.as_ref(), !helper) {
+                self.done(Err(e), false);
+                break;
+            }
+            let Some((i, e)) = self.claim(helper) else { break };
+            let r = move_block(&self.region, i, e, self.event, &self.dev, &mut pinned);
+            self.done(r, helper);
+            sched::cond_resched();
+        }
+    }
+}
+
+/// A helper lane: a work item on gmem's workqueue.
+#[pin_data]
+struct Helper {
+    lanes: Arc<Lanes>,
+    #[pin]
+    work: Work<Helper>,
+}
+
+impl_has_work! {
+    impl HasWork<Self> for Helper { self.work }
+}
+
+impl WorkItem for Helper {
+    type Pointer = Arc<Helper>;
+
+    fn run(this: Arc<Helper>) {
+        this.lanes.work(true);
+    }
+}
+
+/// A PREFETCH over `first..end` in the caller's lane and up to `helpers` helper lanes.
+fn in_lanes(
+    region: &Arc<Region>,
+    first: usize,
+    end: usize,
+    event: Event,
+    dev: Option<Arc<Device>>,
+    helpers: usize,
+    cancel: Option<&Arc<AtomicBool>>,
+) -> Result {
+    // A cancelled prefetch starts no helper.
+    stopped(cancel, true)?;
+    let lanes = Arc::pin_init(
+        pin_init!(Lanes {
+            region: region.clone(),
+            event,
+            dev,
+            end,
+            cancel: cancel.cloned(),
+            state <- new_mutex!(LaneState { cursor: first, busy: 0, stop: false, err: None }, "gmem_lanes_state"),
+            idle <- new_condvar!("gmem_lanes_idle"),
+        }),
+        GFP_KERNEL,
+    )?;
+    if let Some(q) = wq::get() {
+        for _ in 0..helpers {
+            // A helper that cannot be had leaves its share to the other lanes.
+            let shared = lanes.clone();
+            let Ok(h) =
+                Arc::pin_init(pin_init!(Helper { lanes: shared, work <- new_work!("gmem_lanes_helper") }), GFP_KERNEL)
+            else {
+                break;
+            };
+            // A fresh work item cannot be queued already.
+            let _ = q.enqueue(h);
+        }
+    }
+    lanes.work(false);
+    // Every chunk is claimed (or the lanes stopped): wait for the helpers still in one.
+    let mut st = lanes.state.lock();
+    while st.busy > 0 {
+        lanes.idle.wait(&mut st);
+    }
+    st.err.take().map_or(Ok(()), Err)
+}

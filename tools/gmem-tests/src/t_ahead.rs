@@ -1,0 +1,172 @@
+// SPDX-License-Identifier: GPL-2.0
+//! Overlap across blocks: read-ahead (a device streaming through a region gets its next
+//! block fetched while it computes on the current one) and PREFETCH in lanes (several
+//! blocks of one advice at once). Both must move exactly the data a serial run moves,
+//! report the first error of any lane, and leave nothing running behind the call or behind
+//! the region's teardown.
+
+use crate::harness::{open, words, TestResult};
+use crate::t_overcommit::{control, counter};
+use crate::{ensure, expect_errno, ok};
+use libgmem::sim::checksum;
+use libgmem::{q_loc, GMEM_ADV_PREFETCH, GMEM_LOC_DEVICE, GMEM_LOC_HOST};
+
+const BLOCK: usize = 2 << 20;
+
+fn pattern(i: usize, seed: u32) -> u32 {
+    (i as u32).wrapping_mul(2_654_435_761) ^ seed
+}
+
+/// Polls `f` until it holds (read-ahead finishes in the background), for up to 2 s.
+fn eventually(mut f: impl FnMut() -> bool) -> bool {
+    for _ in 0..200 {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    false
+}
+
+/// A device checksum over 8 MiB of host data: with read-ahead on, blocks after the first
+/// arrive ahead of the device (counted), the device reads exactly what the CPU wrote, and
+/// every block ends on the device; with `readahead=0` none is read ahead and the result is
+/// the same.
+fn stream_reads_the_next_block_ahead() -> TestResult {
+    let (g, s) = open()?;
+    const LEN: usize = 4 * BLOCK;
+    for (on, seed) in [(true, 0x0a11_0000u32), (false, 0x0b22_0000)] {
+        control(if on { "readahead=1" } else { "readahead=0" })?;
+        let res = (|| -> TestResult {
+            let r = ok!(g.alloc((LEN + BLOCK) as u64));
+            let a = r.addr.next_multiple_of(BLOCK as u64);
+            let first = ((a - r.addr) / 4) as usize;
+            for (i, w) in words(&r).iter_mut().enumerate() {
+                *w = pattern(i, seed);
+            }
+            let want: Vec<u32> = (first..first + LEN / 4).map(|i| pattern(i, seed)).collect();
+            let ra0 = counter(0, "prefetch.readahead")?;
+            let o = ok!(s.checksum(a, LEN as u64));
+            ensure!(o.result == checksum(&want), "readahead={}: the device read other data", u8::from(on));
+            // The last read-ahead may still be running: it is of a block past the range
+            // (the region's tail), so wait for the counter to settle first.
+            let ra = if on {
+                ensure!(
+                    eventually(|| counter(0, "prefetch.readahead").is_ok_and(|c| c - ra0 >= 512)),
+                    "a 4-block stream read no block ahead"
+                );
+                counter(0, "prefetch.readahead")? - ra0
+            } else {
+                counter(0, "prefetch.readahead")? - ra0
+            };
+            if !on {
+                ensure!(ra == 0, "readahead=0 still read {ra} pages ahead");
+            }
+            let q = ok!(g.query(a, LEN / 4096));
+            ensure!(q.iter().all(|&w| q_loc(w) == GMEM_LOC_DEVICE), "a streamed page is not on the device");
+            let w = words(&r);
+            ensure!(w[first..first + LEN / 4] == want[..], "the CPU reads other data than it wrote");
+            Ok(())
+        })();
+        control("readahead=1")?;
+        res?;
+    }
+    Ok(())
+}
+
+/// Read-ahead racing with the region's end: streams over the head of a region and frees
+/// it at once, many times, while the read-ahead of the next block may be queued or
+/// running; then the same with the process exiting instead. Nothing may crash or leak (the
+/// judge watches the console), and the device is left with every frame free.
+fn readahead_races_free_and_exit() -> TestResult {
+    let (g, s) = open()?;
+    let used0 = counter(0, "used")?;
+    for k in 0..16u32 {
+        let r = ok!(g.alloc((4 * BLOCK) as u64));
+        for (i, w) in words(&r).iter_mut().enumerate() {
+            *w = pattern(i, k);
+        }
+        // The first whole block: its fault reads the second ahead.
+        let a = r.addr.next_multiple_of(BLOCK as u64);
+        ok!(s.checksum(a, BLOCK as u64));
+        drop(r);
+    }
+    for k in 0..4u32 {
+        let code = crate::harness::child_exit(|| {
+            let Ok((g, s)) = open() else { return 2 };
+            let Ok(r) = g.alloc((4 * BLOCK) as u64) else { return 3 };
+            for (i, w) in words(&r).iter_mut().enumerate() {
+                *w = pattern(i, k);
+            }
+            let a = r.addr.next_multiple_of(BLOCK as u64);
+            if s.checksum(a, BLOCK as u64).is_err() {
+                return 4;
+            }
+            // Exit with the read-ahead in flight (the region is torn down by exit_mmap).
+            std::mem::forget(r);
+            0
+        });
+        ensure!(code == 0, "child {k} failed with {code}");
+    }
+    ensure!(
+        eventually(|| counter(0, "used").is_ok_and(|u| u <= used0)),
+        "frames still used after every region is gone: {} (before: {used0})",
+        counter(0, "used")?
+    );
+    Ok(())
+}
+
+/// PREFETCH of 2-3 blocks (whole or partial) in two lanes moves every page with its data, like one lane; a copy
+/// failure in either lane fails the advice with that errno, every page keeps its data (on
+/// the device or still on the host), and no copy is left in flight when the call returns.
+fn prefetch_lanes_are_exact_and_fail_cleanly() -> TestResult {
+    let (g, s) = open()?;
+    // A quarter of the sim's 16 MiB: no eviction part way.
+    const LEN: usize = 2 * BLOCK;
+    for lanes in [2, 1] {
+        control(&format!("lanes={lanes}"))?;
+        let res = (|| -> TestResult {
+            let seed = 0x1a4e_0000 | lanes;
+            let r = ok!(g.alloc(LEN as u64));
+            for (i, w) in words(&r).iter_mut().enumerate() {
+                *w = pattern(i, seed);
+            }
+            let want: Vec<u32> = (0..LEN / 4).map(|i| pattern(i, seed)).collect();
+            ok!(r.advise(GMEM_ADV_PREFETCH, 0));
+            let q = ok!(g.query(r.addr, LEN / 4096));
+            ensure!(q.iter().all(|&w| q_loc(w) == GMEM_LOC_DEVICE), "lanes={lanes}: a page was not prefetched");
+            let o = ok!(s.checksum(r.addr, LEN as u64));
+            ensure!(o.result == checksum(&want), "lanes={lanes}: the device reads other data");
+            ensure!(words(&r)[..] == want[..], "lanes={lanes}: the CPU reads other data");
+            // Back on the host (the CPU read them), then a PREFETCH whose first copy call
+            // of over 100 pages fails after 100: the advice fails with EIO, part way.
+            ok!(s.fail_copy(100, libc::EIO as u32));
+            expect_errno!(r.advise(GMEM_ADV_PREFETCH, 0), libc::EIO);
+            let i = ok!(s.info());
+            ensure!(i.inflight == 0, "lanes={lanes}: {} copies in flight after the advice failed", i.inflight);
+            let q = ok!(g.query(r.addr, LEN / 4096));
+            let on_dev = q.iter().filter(|&&w| q_loc(w) == GMEM_LOC_DEVICE).count();
+            ensure!(
+                q.iter().all(|&w| q_loc(w) == GMEM_LOC_DEVICE || q_loc(w) == GMEM_LOC_HOST),
+                "lanes={lanes}: a page is neither on the device nor on the host"
+            );
+            ensure!(on_dev < LEN / 4096, "lanes={lanes}: every page moved although a copy failed");
+            let o = ok!(s.checksum(r.addr, LEN as u64));
+            ensure!(o.result == checksum(&want), "lanes={lanes}: the device reads other data after the failure");
+            ensure!(words(&r)[..] == want[..], "lanes={lanes}: the CPU reads other data after the failure");
+            Ok(())
+        })();
+        control("lanes=2")?;
+        res?;
+    }
+    Ok(())
+}
+
+pub fn tests() -> Vec<crate::harness::Test> {
+    use crate::harness::Test;
+    vec![
+        Test { name: "ahead_stream_reads_the_next_block_ahead", f: stream_reads_the_next_block_ahead },
+        Test { name: "ahead_readahead_races_free_and_exit", f: readahead_races_free_and_exit },
+        Test { name: "ahead_prefetch_lanes_are_exact_and_fail_cleanly", f: prefetch_lanes_are_exact_and_fail_cleanly },
+    ]
+}
