@@ -458,6 +458,7 @@ impl SimFile {
                 return Err(EINVAL);
             }
             links.set(l.mbps, l.latency_ns);
+            report_links(&self.dev.reg)?;
         }
         for (k, p) in PATHS.iter().enumerate() {
             let s = links.stats(*p);
@@ -513,6 +514,15 @@ struct SimModule {
     wq: sim_chan::Wq,
 }
 
+/// Tells gmem the bandwidths of the device's modelled links (an unmodelled link, 0, is
+/// reported as unknown: gmem then routes nothing over it), as a real driver would report
+/// what it read from its bus.
+fn report_links(reg: &Registration<SimDev>) -> Result {
+    let l = &reg.data().links;
+    let m = |p| l.stats(p).mbps;
+    reg.set_links(m(sim_link::Path::H2D), m(sim_link::Path::D2H), m(sim_link::Path::D2D))
+}
+
 impl SimModule {
     fn add_device(&mut self, index: usize, frames: usize) -> Result {
         let dev = Arc::new(
@@ -549,6 +559,7 @@ impl SimModule {
             channels: dev.channels.len(),
         };
         let reg = Registration::new(opts, dev)?;
+        report_links(&reg)?;
         pr_info!("gmem_sim{}: gmem device {}, {} frames\n", index, reg.id(), frames);
         let sd = Arc::new(SimDevice { reg, misc: AtomicUsize::new(0) }, GFP_KERNEL)?;
         self.devs.push(sd.clone(), GFP_KERNEL)?;

@@ -33,6 +33,7 @@ EXPORT_SYMBOL_GPL(gmem_space_put);
 EXPORT_SYMBOL_GPL(gmem_space_ctx);
 EXPORT_SYMBOL_GPL(gmem_dev_fault);
 EXPORT_SYMBOL_GPL(gmem_fence_signal);
+EXPORT_SYMBOL_GPL(gmem_dev_set_links);
 
 /*
  * gmem's own workqueue (async prefetch fences, pre-eviction, background write-back):

@@ -11,8 +11,9 @@
 //!   prefetch (`prefetch`), read-ahead (`readahead`), moving advice in lanes (`moves`),
 //!   eviction and overcommit (`evict`), unregistration's evacuation (`evacuate`), region
 //!   teardown (`teardown`)
-//! - `exec`   — the block executor (`migrate`): the only code that calls a driver's
-//!   `copy`, `map`, `unmap` and `tlb_invalidate`
+//! - `exec`   — the block executor (`migrate`, with `multipath` for host-to-device copies
+//!   routed in part through a peer): the only code that calls a driver's `copy`, `map`,
+//!   `unmap` and `tlb_invalidate`
 //! - `obj`    — objects: address spaces (`space`), regions and their blocks (`region`),
 //!   devices and their frame pools (`device`), the device table (`devices`), host pages,
 //!   per-page metadata, the pin quota, run-time switches (`tune`), gmem's workqueue, and
@@ -59,6 +60,7 @@ mod mech {
 /// The block executor.
 mod exec {
     pub(crate) mod migrate;
+    pub(crate) mod multipath;
 }
 
 /// Objects.

@@ -10,6 +10,8 @@ pub(crate) mod evict;
 pub(crate) mod frames;
 #[path = "../policy/src/page_state.rs"]
 pub(crate) mod page_state;
+#[path = "../policy/src/paths.rs"]
+pub(crate) mod paths;
 #[path = "../policy/src/prefetch.rs"]
 pub(crate) mod prefetch;
 #[path = "../policy/src/range.rs"]

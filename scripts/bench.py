@@ -402,6 +402,24 @@ def markdown(d):
             ["two threads, one device each", st(p7.get("ratio_two_devices_spread"))],
         ]))
         L.append("")
+    p8 = section(L, d, "p8", "Two paths at once (P8)")
+    if p8 and p8.get("speedup"):
+        L.append(f"Explicit PREFETCH of {f((p8.get('bytes') or 0) / 2**20)} MiB of host-written data to sim0, host links "
+                 f"modelled at {p8.get('link_mbs')} MB/s (a quarter of the paired copy baseline, "
+                 f"{f(p8.get('paired_baseline_mbs'))} MB/s), the peer link at {p8.get('peer_link_mbs')} MB/s. "
+                 "`multipath=0`: sim0's host link alone; `multipath=1`: part of each block goes through the idle "
+                 "sim1 (into staging frames over its host link, then on over its peer link). Both runs of a "
+                 "repetition check the data on the device.")
+        L.append("")
+        rows = []
+        for key, name in (("direct", "direct path only"), ("two_paths", "direct + via peer")):
+            r = p8.get(key) or {}
+            rows.append([name, st(r.get("time_s"), 3, 1e3), st(r.get("bw_mbs")), st(r.get("ratio")),
+                         st(r.get("via_peer_share"))])
+        L.append(table(["", "time ms", "MB/s", "/ one host link's bandwidth", "share of bytes via the peer"], rows))
+        L.append("")
+        L.append(f"Speed-up of two paths over one (per repetition, paired): **{st(p8.get('speedup'))}**.")
+        L.append("")
     errs = d.get("errors") or []
     L.append("## Errors")
     L.append("")

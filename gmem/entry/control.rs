@@ -31,7 +31,7 @@ pub(crate) fn apply(text: &str) -> Result {
     for word in text.split_whitespace() {
         let (k, v) = word.split_once('=').ok_or(EINVAL)?;
         match k {
-            "prefetch" | "preevict" | "peer" | "thrash" | "readahead" => {
+            "prefetch" | "preevict" | "peer" | "thrash" | "readahead" | "multipath" => {
                 flag(v)?;
             }
             "prefetch_pct" => {
@@ -75,6 +75,7 @@ pub(crate) fn apply(text: &str) -> Result {
             "thrash" => THRASH.store(flag(v)?, Relaxed),
             "readahead" => READAHEAD.store(flag(v)?, Relaxed),
             "lanes" => LANES.store(num(v)? as u32, Relaxed),
+            "multipath" => MULTIPATH.store(flag(v)?, Relaxed),
             "prefetch_pct" => PREFETCH_PCT.store(num(v)? as u32, Relaxed),
             "thrash_window_us" => THRASH_WINDOW_US.store(num(v)? as u32, Relaxed),
             _ => {}
@@ -87,7 +88,7 @@ pub(crate) fn apply(text: &str) -> Result {
 pub(crate) fn show(f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
     writeln!(
         f,
-        "prefetch={} prefetch_pct={} preevict={} peer={} thrash={} thrash_window_us={} readahead={} lanes={}",
+        "prefetch={} prefetch_pct={} preevict={} peer={} thrash={} thrash_window_us={} readahead={} lanes={} multipath={}",
         u8::from(PREFETCH.load(Relaxed)),
         PREFETCH_PCT.load(Relaxed),
         u8::from(PREEVICT.load(Relaxed)),
@@ -95,6 +96,7 @@ pub(crate) fn show(f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         u8::from(THRASH.load(Relaxed)),
         THRASH_WINDOW_US.load(Relaxed),
         u8::from(READAHEAD.load(Relaxed)),
-        LANES.load(Relaxed)
+        LANES.load(Relaxed),
+        u8::from(MULTIPATH.load(Relaxed))
     )
 }

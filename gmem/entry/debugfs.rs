@@ -16,7 +16,7 @@
 
 use crate::obj::device::Device;
 use crate::obj::devices::{self, MAX_DEVICES};
-use crate::obj::region::{Pages, Region};
+use crate::obj::region::{Pages, Region, PAGE_SIZE};
 use crate::obj::space;
 use crate::policy::page_state::Loc;
 use core::fmt;
@@ -114,6 +114,17 @@ fn show_device(d: &Device, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         g(&s.map_2m)
     )?;
     writeln!(f, "  locks: pool={}", g(&s.pool_locks))?;
+    let l = d.links();
+    writeln!(
+        f,
+        "  multipath: h2d_mbps={} d2h_mbps={} d2d_mbps={} batches={} direct_bytes={} peer_bytes={}",
+        l.h2d,
+        l.d2h,
+        l.d2d,
+        g(&s.mp_batches),
+        g(&s.mp_direct).saturating_mul(PAGE_SIZE as u64),
+        g(&s.mp_via_peer).saturating_mul(PAGE_SIZE as u64)
+    )?;
     writeln!(
         f,
         "  evicted: to_host={} to_peer={} clean_dropped={} pre_evicted={} writebacks={} evacuated={} lost={}",

@@ -103,6 +103,21 @@ pub(crate) unsafe extern "C" fn gmem_fence_signal(fence: *mut crate::abi::GmemFe
     unsafe { &*fence.cast::<crate::obj::fence::Fence>() }.signal(err);
 }
 
+/// `gmem_dev_set_links()` of the C ABI: the driver reports its links' bandwidths.
+///
+/// # Safety
+/// `dev` must be a live handle from `gmem_dev_register`.
+#[no_mangle]
+pub(crate) unsafe extern "C" fn gmem_dev_set_links(dev: *const GmemDevHandle, h2d: u64, d2h: u64, d2d: u64) {
+    if dev.is_null() {
+        pr_err!("gmem_dev_set_links: NULL device\n");
+        return;
+    }
+    // SAFETY: a live handle points to a `Device` kept alive by the driver's reference.
+    let dev = unsafe { &*dev.cast::<Device>() };
+    dev.set_links(crate::policy::paths::Links { h2d, d2h, d2d });
+}
+
 /// `gmem_dev_id()` of the C ABI.
 ///
 /// # Safety

@@ -10,7 +10,8 @@
 
 use crate::abi::{GmemCopy, GmemPte, GMEM_COPY_D2D, GMEM_COPY_D2H, GMEM_COPY_H2D, GMEM_COPY_ZERO};
 use crate::abi::{GMEM_PROT_READ, GMEM_PROT_WRITE, GMEM_PTE_2M};
-use crate::obj::device::{self as devmod, DevStats, Device, DeviceOps, FrameOp, Ops, Owner, F_PREFETCHED};
+use crate::exec::multipath;
+use crate::obj::device::{self as devmod, CDriver, DevStats, Device, DeviceOps, FrameOp, Ops, Owner, F_PREFETCHED};
 use crate::obj::devices;
 use crate::obj::dmem::{Charge, Limit};
 use crate::obj::fence::Fence;
@@ -21,6 +22,7 @@ use crate::obj::trace;
 use crate::policy::evict::{F_CLEAN, F_LENT, F_PINNED, F_REF};
 use crate::policy::frames::CHUNK_FRAMES;
 use crate::policy::page_state::{Actions, Copy, Loc, PageState, Refused, MAX_DEVICES};
+use crate::policy::paths::CHUNK_PAGES;
 use kernel::{mm::virt::VmaRef, prelude::*, sync::Arc};
 
 /// Where a page's mappings live besides the region itself.
@@ -330,14 +332,34 @@ fn copy_lists(p: &Pages, steps: &[Step], fresh: &[Fresh]) -> Result<KVec<(CopyKe
 
 /// Step 4 for a whole batch: one driver call per (direction, source, destination), split
 /// over the source device's copy channels when it has them and the call is large
-/// (`shares`). Every call is started before any is waited for, so the copies of one batch
-/// (to and from different devices, the shares of one large fetch) run at once; then every
-/// started call is waited for, whatever failed, and the first error is returned. No page,
-/// frame or entry of a copy is let go before its call completed ([`InFlight`]).
+/// (`shares`); a large host-to-device copy may send its last pages through an idle peer
+/// (`multipath.rs`). Every call is started before any is waited for, so the copies of one
+/// batch (to and from different devices, the shares of one large fetch, the stages of a
+/// route) run at once; a route's stage 2 of a chunk is started as soon as that chunk's stage
+/// 1 completed. Then every started call is waited for, whatever failed, and the first error
+/// is returned. No page, frame or entry of a copy is let go before its call completed
+/// ([`InFlight`]).
 ///
-/// One callback section per device involved is entered before anything starts and held
-/// until every copy completed, so unregistration (`Device::quiesce`) waits for them.
-fn copy_batch(lists: &[(CopyKey, KVec<GmemCopy>)], devs: &Devs) -> Result {
+/// One callback section per device involved (peers of routes included) is entered before
+/// anything starts and held until every copy completed, so unregistration
+/// (`Device::quiesce`) waits for them.
+fn copy_batch(lists: &[(CopyKey, KVec<GmemCopy>)], devs: &mut Devs, space: &Space) -> Result {
+    // Routes through a peer, chosen (and their peers looked up) before any section opens:
+    // (list, peer, pages).
+    let mut picks: KVec<(usize, u8, usize)> = KVec::new();
+    for (k, ((dir, from, _), pages)) in lists.iter().enumerate() {
+        if *dir != GMEM_COPY_H2D {
+            continue;
+        }
+        if let Some((peer, via)) = multipath::pick(devs.peek(*from)?, pages.len()) {
+            let id = u8::try_from(peer.id).map_err(|_| EINVAL)?;
+            if let Some(slot) = devs.0.get_mut(id as usize) {
+                slot.get_or_insert(peer);
+                picks.push((k, id, via), GFP_KERNEL)?;
+            }
+        }
+    }
+    let devs: &Devs = devs;
     let mut sections: [Option<Ops<'_>>; MAX_DEVICES] = Default::default();
     for ((dir, from, to), _) in lists.iter() {
         for d in [*from, *to] {
@@ -352,16 +374,46 @@ fn copy_batch(lists: &[(CopyKey, KVec<GmemCopy>)], devs: &Devs) -> Result {
             return Err(EXDEV);
         }
     }
+    // Staging on each route's peer, once inside its section (a peer that is going away is
+    // simply not used). Declared after `sections`: freed before they close.
+    let mut routes: KVec<(usize, multipath::Staging)> = KVec::new();
+    for &(k, id, via) in picks.iter() {
+        let (Ok(peer), Some(slot)) = (devs.peek(id), sections.get_mut(id as usize)) else { continue };
+        if slot.is_none() {
+            *slot = peer.ops();
+        }
+        if slot.is_none() {
+            continue;
+        }
+        if let Ok(Some(st)) = multipath::Staging::new(peer, &lists[k].1, via, space) {
+            routes.push((k, st), GFP_KERNEL)?;
+        }
+    }
+    let routed = |k: usize| routes.iter().find(|(r, _)| *r == k).map(|(_, st)| st);
     // Channels pay off only when there is something to overlap: a batch whose copies make
     // a single part (one CPU fault's page, a small fetch) is copied synchronously, in this
     // thread, sparing the hand-off to a channel's worker and back.
     let chans_of = |d: u8| sections.get(d as usize).and_then(Option::as_ref).map_or(0, |o| o.channels());
     let parts: usize = lists.iter().map(|((_, from, _), pages)| shares(pages.len(), chans_of(*from))).sum();
-    let overlap = parts > 1;
-    // Declared after `sections`, so dropped (waited for) before they close.
+    let overlap = parts > 1 || !routes.is_empty();
+    // Declared after `sections` and `routes`, so dropped (waited for) before they go.
     let mut flight = InFlight(KVec::new());
+    // Stage 1 of every route first (fences at `stage1[k]..`), so that it is on the peer's
+    // link while this thread copies or submits the direct parts.
+    let mut stage1: KVec<usize> = KVec::new();
     let mut res = Ok(());
-    'submit: for ((dir, from, to), pages) in lists.iter() {
+    for (_, st) in routes.iter() {
+        stage1.push(flight.0.len(), GFP_KERNEL)?;
+        let Some(pops) = sections.get(st.peer().id).and_then(Option::as_ref) else { return Err(ENODEV) };
+        if let Err(e) = start_stage(&mut flight, st.peer(), pops, 0, GMEM_COPY_H2D, &st.stage1, None) {
+            res = Err(e);
+            break;
+        }
+    }
+    'submit: for (k, ((dir, from, to), pages)) in lists.iter().enumerate() {
+        if res.is_err() {
+            break;
+        }
         let (dir, from, to) = (*dir, *from, *to);
         // Both looked up and entered above.
         let (Ok(src), Some(Some(sops))) = (devs.peek(from), sections.get(from as usize)) else {
@@ -370,6 +422,18 @@ fn copy_batch(lists: &[(CopyKey, KVec<GmemCopy>)], devs: &Devs) -> Result {
         };
         let dops = if dir == GMEM_COPY_D2D { sections.get(to as usize).and_then(Option::as_ref) } else { None };
         let peer = dops.map(|o| &**o);
+        // A routed copy's last pages are the route's.
+        let pages = match routed(k) {
+            Some(st) => {
+                let direct = pages.len().saturating_sub(st.len());
+                st.count(src, direct);
+                &pages[..direct]
+            }
+            None => &pages[..],
+        };
+        if pages.is_empty() {
+            continue;
+        }
         let stat = match dir {
             GMEM_COPY_ZERO => &src.stats.pages_zeroed,
             GMEM_COPY_H2D => &src.stats.pages_h2d,
@@ -390,31 +454,83 @@ fn copy_batch(lists: &[(CopyKey, KVec<GmemCopy>)], devs: &Devs) -> Result {
                 }
                 continue;
             }
-            let fence = match flight.0.reserve(1, GFP_KERNEL).map_err(Error::from).and_then(|()| Fence::new()) {
-                Ok(f) => f,
-                Err(e) => {
-                    res = Err(e);
-                    break 'submit;
-                }
-            };
             let chan = src.next_channel(chans);
-            // SAFETY: `part` lives in `lists` (the caller's, kept until we return), the
-            // pages and frames it names in the caller's batch (under the block lock), and
-            // `fence` in `flight`, which waits for it before any of them can go.
-            match unsafe { sops.copy_async(chan, dir, part, peer, &fence) } {
-                Ok(()) => {
-                    let _ = flight.0.push_within_capacity(fence);
-                }
-                Err(e) => {
-                    // Refused: nothing was copied and the fence will not be signalled.
-                    res = Err(e);
-                    break 'submit;
-                }
+            if let Err(e) = start(&mut flight, sops, chan, dir, part, peer) {
+                res = Err(e);
+                break 'submit;
             }
         }
     }
+    // Stage 2 of each route, chunk by chunk as stage 1 delivers (stage 1 was started as
+    // `stage1[r]`'s fences, one per chunk, in order). The chunks of a route whose stage 1
+    // failed are not sent on; the batch fails with that error.
+    for ((k, st), &first) in routes.iter().zip(stage1.iter()) {
+        if res.is_err() {
+            break;
+        }
+        let to = lists[*k].0 .1;
+        let (Some(Some(pops)), Some(Some(dops))) = (sections.get(st.peer().id), sections.get(to as usize)) else {
+            res = Err(ENODEV);
+            break;
+        };
+        for (c, part) in st.stage2.chunks(CHUNK_PAGES).enumerate() {
+            let waited = flight.0.get(first + c).map_or(Err(EINVAL), |f| f.wait());
+            let r = waited.and_then(|()| start_stage(&mut flight, st.peer(), pops, 1, GMEM_COPY_D2D, part, Some(dops)));
+            if let Err(e) = r {
+                res = Err(e);
+                break;
+            }
+        }
+        trace::migrate(GMEM_COPY_D2D, st.peer().id, Some(usize::from(to)), st.len());
+    }
     let waited = flight.wait_all();
     res.and(waited)
+}
+
+/// Starts one asynchronous copy of `part` on channel `chan` of `ops`; its fence joins
+/// `flight`.
+fn start(
+    flight: &mut InFlight,
+    ops: &Ops<'_>,
+    chan: u32,
+    dir: u32,
+    part: &[GmemCopy],
+    peer: Option<&CDriver>,
+) -> Result {
+    flight.0.reserve(1, GFP_KERNEL)?;
+    let fence = Fence::new()?;
+    // SAFETY: `part` lives in the caller's `lists` or a route's `Staging` (both kept until
+    // `copy_batch` returns, after `flight` waited), the pages and frames it names in the
+    // caller's batch (under the block lock) or the route's staging frames (freed only after
+    // `flight` waited), and `fence` in `flight`, which waits for it before any of them can go.
+    unsafe { ops.copy_async(chan, dir, part, peer, &fence) }?;
+    // Capacity reserved above.
+    let _ = flight.0.push_within_capacity(fence);
+    Ok(())
+}
+
+/// Starts a route's stage on the peer `dev` (channel `chan`, or channel 0 if it has only
+/// one), one call per chunk, and counts it on the peer.
+fn start_stage(
+    flight: &mut InFlight,
+    dev: &Device,
+    ops: &Ops<'_>,
+    chan: u32,
+    dir: u32,
+    entries: &[GmemCopy],
+    peer: Option<&Ops<'_>>,
+) -> Result {
+    let chan = if chan < ops.channels() { chan } else { 0 };
+    let stat = if dir == GMEM_COPY_H2D { &dev.stats.pages_h2d } else { &dev.stats.pages_d2d };
+    if dir == GMEM_COPY_H2D {
+        trace::migrate(dir, dev.id, None, entries.len());
+    }
+    for part in entries.chunks(CHUNK_PAGES) {
+        DevStats::add(&dev.stats.copy_calls, 1);
+        start(flight, ops, chan, dir, part, peer.map(|o| &**o))?;
+        DevStats::add(stat, part.len() as u64);
+    }
+    Ok(())
 }
 
 /// Applies the transition `p.state(i) -> next` whose actions are `a` (one page).
@@ -570,7 +686,7 @@ pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outco
             devs.get(*from)?;
             devs.get(*to)?;
         }
-        copy_batch(&lists, &devs)
+        copy_batch(&lists, &mut devs, &env.region.space)
     });
     if let Err(e) = copied {
         for (st, f) in steps.iter().zip(fresh.iter()) {

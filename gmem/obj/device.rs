@@ -24,6 +24,7 @@ use crate::obj::dmem::{self, Charge, Limit};
 use crate::obj::region::Region;
 use crate::policy::evict::{self as order, Clock, F_CLEAN, F_LENT, F_PINNED, F_REF, F_USED};
 use crate::policy::frames::{FrameMap, CHUNK_FRAMES};
+use crate::policy::paths;
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use kernel::{
     bindings,
@@ -277,6 +278,12 @@ pub(crate) struct DevStats {
     /// Pages fetched by read-ahead (`mech/readahead.rs`; also counted in `prefetched`).
     pub(crate) readahead: AtomicU64,
     pub(crate) thrash_events: AtomicU64,
+    /// Host-to-device copies with a route through a peer (`exec/multipath.rs`): batches,
+    /// pages that went direct, pages that went through the peer (counted on the
+    /// destination; the peer counts the staged pages in `pages_h2d` and `pages_d2d`).
+    pub(crate) mp_batches: AtomicU64,
+    pub(crate) mp_direct: AtomicU64,
+    pub(crate) mp_via_peer: AtomicU64,
     /// Driver calls made by the block executor: `copy`, `map`, and `unmap` (each followed
     /// by one `tlb_invalidate`); per migrated page they show the batching.
     pub(crate) copy_calls: AtomicU64,
@@ -403,6 +410,9 @@ pub(crate) struct Device {
     pub(crate) reading_ahead: AtomicBool,
     /// Round-robin cursor over the copy channels (`next_channel`).
     chan_rr: AtomicU32,
+    /// Link bandwidths the driver reported (`gmem_dev_set_links`), MB/s, 0 unknown:
+    /// host-to-device, device-to-host, device-to-peer.
+    links: [AtomicU64; 3],
     /// True once unregistration quiesced the driver: no callback may be made any more.
     gone: AtomicBool,
     /// Callback sections (see the module documentation).
@@ -461,6 +471,7 @@ impl Device {
                 alive: AtomicBool::new(true),
                 reading_ahead: AtomicBool::new(false),
                 chan_rr: AtomicU32::new(0),
+                links: [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)],
                 gone: AtomicBool::new(false),
                 callbacks <- new_srcu!("gmem_device_callbacks"),
                 ctxs <- new_mutex!(KVec::new(), "gmem_device_ctxs"),
@@ -493,6 +504,20 @@ impl Device {
     /// so that the calls of concurrent batches spread over them.
     pub(crate) fn next_channel(&self, chans: u32) -> u32 {
         self.chan_rr.fetch_add(1, Ordering::Relaxed) % chans
+    }
+
+    /// Records the link bandwidths the driver reported (MB/s, 0 unknown).
+    pub(crate) fn set_links(&self, l: paths::Links) {
+        for (slot, v) in self.links.iter().zip([l.h2d, l.d2h, l.d2d]) {
+            slot.store(v, Ordering::Relaxed);
+        }
+    }
+
+    /// The link bandwidths last reported (each read on its own: a concurrent report may
+    /// mix old and new figures for a moment, which only skews one choice of path).
+    pub(crate) fn links(&self) -> paths::Links {
+        let g = |k: usize| self.links[k].load(Ordering::Relaxed);
+        paths::Links { h2d: g(0), d2h: g(1), d2d: g(2) }
     }
 
     /// Enters a callback section; `None` once the device is gone (the caller then skips the

@@ -7,6 +7,8 @@
 //! - `peer=0|1`            park victims on peer devices with spare frames (default 1)
 //! - `readahead=0|1`       read-ahead of the next block for a streaming device (default 1)
 //! - `lanes=1..4`          blocks one PREFETCH advice works on at once (default 2)
+//! - `multipath=0|1`       route part of a large host-to-device copy through an idle peer
+//!   when the links the drivers reported make that faster (default 1)
 //! - `thrash=0|1`          thrashing detection and response (default 1)
 //! - `thrash_window_us=N`  longest pause between moves of one burst (default 500, as UVM)
 //! - `dev=N low=L high=H`  watermarks of device N, in frames
@@ -18,6 +20,7 @@ pub(crate) static PREFETCH_PCT: AtomicU32 = AtomicU32::new(51);
 pub(crate) static PREEVICT: AtomicBool = AtomicBool::new(true);
 pub(crate) static PEER: AtomicBool = AtomicBool::new(true);
 pub(crate) static READAHEAD: AtomicBool = AtomicBool::new(true);
+pub(crate) static MULTIPATH: AtomicBool = AtomicBool::new(true);
 pub(crate) static LANES: AtomicU32 = AtomicU32::new(2);
 /// Most lanes `lanes=` accepts.
 pub(crate) const MAX_LANES: u32 = 4;

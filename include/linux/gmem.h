@@ -338,4 +338,21 @@ int gmem_dev_fault(struct gmem_dev *dev, struct gmem_space *space,
  */
 void gmem_fence_signal(struct gmem_fence *fence, int err);
 
+/**
+ * gmem_dev_set_links() - report the bandwidth of a device's links
+ * @dev: a device from gmem_dev_register(), not yet unregistered
+ * @h2d_mbps: host memory to the device, MB/s (10^6 bytes per second); 0 if unknown
+ * @d2h_mbps: the device to host memory, MB/s; 0 if unknown
+ * @d2d_mbps: the device to a peer device of the same driver, MB/s; 0 if unknown
+ *
+ * Optional. gmem uses the figures to choose paths: a large host-to-device copy may be
+ * routed in part through an idle peer (into staging frames of the peer on the peer's host
+ * link, then on to the destination over the peer's device link) when the links say that
+ * is faster. Every device starts with all links unknown, and nothing is routed over an
+ * unknown link. May be called again whenever the figures change.
+ *
+ * Context: any; does not sleep.
+ */
+void gmem_dev_set_links(struct gmem_dev *dev, __u64 h2d_mbps, __u64 d2h_mbps, __u64 d2d_mbps);
+
 #endif /* _LINUX_GMEM_H */

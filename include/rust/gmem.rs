@@ -579,6 +579,7 @@ extern "C" {
     fn gmem_space_put(space: *mut GmemSpaceHandle);
     fn gmem_space_ctx(dev: *mut GmemDevHandle, space: *mut GmemSpaceHandle) -> *mut c_void;
     fn gmem_fence_signal(fence: *mut GmemFenceHandle, err: c_int);
+    fn gmem_dev_set_links(dev: *mut GmemDevHandle, h2d_mbps: u64, d2h_mbps: u64, d2d_mbps: u64);
     fn gmem_dev_fault(
         dev: *mut GmemDevHandle,
         space: *mut GmemSpaceHandle,
@@ -716,6 +717,21 @@ impl<T: Driver> Registration<T> {
     /// gmem's id of the device (what the user API calls it). Stays readable after unplug.
     pub fn id(&self) -> i32 {
         self.id
+    }
+
+    /// Reports the bandwidth of the device's links in MB/s (host to device, device to host,
+    /// device to a peer of the same driver; 0 = unknown), which gmem uses to choose paths
+    /// (`gmem_dev_set_links`). `ENODEV` once unplugging started.
+    pub fn set_links(&self, h2d_mbps: u64, d2h_mbps: u64, d2d_mbps: u64) -> Result {
+        let s = self.gate.state.lock();
+        if s.phase != Phase::Open {
+            return Err(ENODEV);
+        }
+        // SAFETY: the handle is live: the gate is open, and `unplug` cannot unregister while
+        // we hold the gate lock (it needs it to move the phase). The call does not sleep.
+        unsafe { gmem_dev_set_links(self.handle.as_ptr(), h2d_mbps, d2h_mbps, d2d_mbps) };
+        drop(s);
+        Ok(())
     }
 
     /// Opens a session of device work in `space`: until it is dropped the device stays

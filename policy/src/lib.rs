@@ -13,6 +13,7 @@ pub mod batch;
 pub mod evict;
 pub mod frames;
 pub mod page_state;
+pub mod paths;
 pub mod prefetch;
 pub mod range;
 pub mod thrash;

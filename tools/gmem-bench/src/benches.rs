@@ -5,7 +5,7 @@
 
 use crate::json::{Json, JsonExt};
 use crate::sys::{self, counters, counters_json, delta, get, now, stat_json, Anon, Counters, Dmirror, Stat};
-use libgmem::sim::{checksum, Sim, SimInfo, SimLink, PATH_D2H, PATH_H2D};
+use libgmem::sim::{checksum, Sim, SimInfo, SimLink, PATH_D2D, PATH_D2H, PATH_H2D};
 use libgmem::{Gmem, Region, GMEM_ADV_PREFETCH, GMEM_HOST};
 
 pub type R<T> = Result<T, String>;
@@ -604,6 +604,9 @@ impl Bench {
                 let timed = rep >= self.warm;
                 for (k, kind) in kinds.iter().enumerate() {
                     sys::restore()?;
+                    // One link: PL judges each migration against sim0's host link alone (two
+                    // paths at once are P8's).
+                    sys::control("multipath=0")?;
                     let (t, l0, l1) = self.counted(&mut cells[k], timed, || {
                         let r = t!(self.g.alloc(n as u64));
                         if k < 2 {
@@ -668,6 +671,90 @@ impl Bench {
                     .with("ratio", c.stat("ratio"))
                     .with("link_bytes_per_page", c.stat("link_bytes_per_page"))
                     .with("per_migrated_page", c.work_per_page(np)),
+            );
+        }
+        Ok(out)
+    }
+
+    /// P8: host-to-device throughput over two paths at once (sim0's host link, and the route
+    /// through the idle sim1: its host link into staging frames, then its peer link at 4x)
+    /// against the direct path alone, with the link model of PL (host links at a quarter of
+    /// the paired copy bandwidth). Each repetition times an explicit PREFETCH of a fresh,
+    /// CPU-written region with `multipath=0` and with `multipath=1`, in alternating order,
+    /// checks the data on the device after each, and reads from the links how many bytes each
+    /// route carried (every byte crosses exactly one route: checked).
+    pub fn p8(&mut self) -> R<Json> {
+        let Some(s1) = &self.s1 else {
+            return Ok(Json::obj().with("note", "needs two simulated devices"));
+        };
+        let n = self.size;
+        let seed = 0x58;
+        let expect = checksum_of(n / 4, |i| pattern(i, seed));
+        let (mbps, paired) = self.link_mbps()?;
+        let names = ["direct", "two_paths"];
+        let mut cells: Vec<Cell> = names.iter().map(|_| Cell::default()).collect();
+        let mut speedup = Vec::new();
+        self.set_links(mbps)?;
+        let run = (|| -> R<()> {
+            for rep in 0..self.runs() {
+                progress("P8", rep + 1, self.runs(), "PREFETCH over one path and over two");
+                let timed = rep >= self.warm;
+                let mut times = [0.0f64; 2];
+                let order = if rep % 2 == 0 { [0, 1] } else { [1, 0] };
+                for k in order {
+                    sys::restore()?;
+                    sys::control(if k == 0 { "multipath=0" } else { "multipath=1" })?;
+                    let r = t!(self.g.alloc(n as u64));
+                    cpu_write(words(&r), seed);
+                    let (a0, b0) = (t!(self.s0.link()), t!(s1.link()));
+                    let t0 = now();
+                    t!(r.advise(GMEM_ADV_PREFETCH, self.d0));
+                    let t = now() - t0;
+                    let (a1, b1) = (t!(self.s0.link()), t!(s1.link()));
+                    let o = t!(self.s0.checksum(r.addr, n as u64));
+                    ensure!(o.result == expect, "P8 {}: device checksum mismatch", names[k]);
+                    let on = |x: &SimLink, y: &SimLink, p: usize| y.bytes[p] - x.bytes[p];
+                    let (direct, staged, passed) =
+                        (on(&a0, &a1, PATH_H2D), on(&b0, &b1, PATH_H2D), on(&b0, &b1, PATH_D2D));
+                    ensure!(
+                        direct + passed == n as u64 && staged == passed,
+                        "P8 {}: {direct} bytes direct, {staged} into the peer, {passed} on from it, for {n}",
+                        names[k]
+                    );
+                    ensure!(k == 1 || passed == 0, "P8 direct: {passed} bytes went through the peer with multipath=0");
+                    times[k] = t;
+                    if timed {
+                        let c = &mut cells[k];
+                        c.push("time_s", t);
+                        c.push("bw_mbs", n as f64 / t / 1e6);
+                        c.push("ratio", n as f64 / t / 1e6 / mbps as f64);
+                        c.push("via_peer_share", passed as f64 / n as f64);
+                    }
+                }
+                if timed {
+                    speedup.push(times[0] / times[1]);
+                }
+            }
+            Ok(())
+        })();
+        sys::restore()?;
+        self.set_links(0)?;
+        run?;
+        let mut out = Json::obj()
+            .with("bytes", n)
+            .with("link_mbs", mbps)
+            .with("peer_link_mbs", mbps * 4)
+            .with("paired_baseline_mbs", paired)
+            .with("speedup", stat_json(&speedup));
+        for (k, name) in names.iter().enumerate() {
+            let c = &cells[k];
+            out = out.with(
+                name,
+                Json::obj()
+                    .with("time_s", c.stat("time_s"))
+                    .with("bw_mbs", c.stat("bw_mbs"))
+                    .with("ratio", c.stat("ratio"))
+                    .with("via_peer_share", c.stat("via_peer_share")),
             );
         }
         Ok(out)

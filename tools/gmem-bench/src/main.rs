@@ -205,6 +205,7 @@ fn run(b: &mut Bench, args: &Args, out: &mut Json, errors: &mut Vec<Json>) -> i3
         ("P5", "p5", Box::new(move |b: &mut Bench| b.p5(if smoke { 64 << 20 } else { 1 << 40 }))),
         ("P6", "p6", Box::new(move |b: &mut Bench| b.p6(if smoke { 64 * 4096 } else { (cap / 4) as usize }))),
         ("P7", "p7", Box::new(move |b: &mut Bench| b.p7(if smoke { 64 * 4096 } else { (cap / 4) as usize }))),
+        ("P8", "p8", Box::new(|b: &mut Bench| b.p8())),
     ];
     let mut failed = false;
     for (id, key, f) in jobs {
@@ -437,6 +438,15 @@ fn targets(out: &Json) -> Json {
             p4_at_2x("preevict1_prefetch1", "stream", "transfers_per_page"),
             "<=",
             2.05,
+            None,
+        ),
+        target(
+            "P8",
+            "H2D two paths / direct, link model",
+            "H2D PREFETCH throughput over two paths (direct + via the idle peer, peer link 4x the host link) / over the direct path alone",
+            num(out, &["p8", "speedup", "median"]),
+            ">=",
+            1.7,
             None,
         ),
         target(

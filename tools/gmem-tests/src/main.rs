@@ -21,6 +21,7 @@ mod t_gmemctl;
 mod t_gup;
 mod t_limits;
 mod t_link;
+mod t_multipath;
 mod t_overcommit;
 mod t_proc;
 mod t_sysfs;
@@ -43,6 +44,7 @@ fn all_tests() -> Vec<Test> {
     v.extend(t_link::tests());
     v.extend(t_chan::tests());
     v.extend(t_ahead::tests());
+    v.extend(t_multipath::tests());
     v.extend(t_trace::tests());
     v.extend(t_bad::tests());
     v.extend(t_overcommit::tests());
