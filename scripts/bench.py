@@ -366,6 +366,8 @@ def markdown(d):
                     [f"stream {r.get('factor'):g}×", st(r.get("floor_s")), f(r.get("time_over_floor"))]
                     for r in floors]))
                 L.append("")
+                L.append("![time against oversubscription, with the floor](oversubscription.svg)")
+                L.append("")
         runs = g(p4, "configs") and (p4["configs"][0].get("stream") or [{}])[0].get("runs")
         L.append(f"Counters are dev0 deltas summed over the {runs} runs of a row; copies and TLB flushes "
                  f"(GMEM_SIM_IOC_INFO, both devices) are per page of the region per run. Full per-device "
@@ -477,6 +479,59 @@ def plot(d, out):
     return paths
 
 
+def plot_oversubscription(d, out):
+    """P4 streaming time against the oversubscription ratio (link-model configuration), with
+    the transfer floor computed in the same run drawn beside it: both medians, in seconds
+    per run, min-max as error bars. Returns the files written (none without such rows)."""
+    p4 = d.get("p4") or {}
+    rows = []
+    for c in p4.get("configs", []):
+        rows = [r for r in c.get("stream") or [] if r.get("floor_s")]
+        if rows:
+            break
+    if not rows:
+        return []
+    import matplotlib
+    matplotlib.use("Agg")
+    matplotlib.rcParams.update({"svg.fonttype": "none", "svg.hashsalt": "gmem"})
+    import matplotlib.pyplot as plt
+    xs = [r["factor"] for r in rows]
+
+    def series(get):
+        med, lo, hi = [], [], []
+        for r in rows:
+            m, a, b = get(r)
+            med.append(m)
+            lo.append(m - a)
+            hi.append(b - m)
+        return med, [lo, hi]
+
+    # Time per run: the row's time per byte times its bytes.
+    t, terr = series(lambda r: tuple(r["per_unit"][k] * r["bytes"] * 1e-9 for k in ("median", "min", "max")))
+    fl, flerr = series(lambda r: tuple(r["floor_s"][k] for k in ("median", "min", "max")))
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    ax.errorbar(xs, t, yerr=terr, marker="o", capsize=3, color="#c0392b", label="measured streaming time")
+    ax.errorbar(xs, fl, yerr=flerr, marker="s", capsize=3, color="#2f6fdf", linestyle="--",
+                label="transfer floor (same run)")
+    # Labelled with the row's time / floor (the median of the per-repetition ratios).
+    for x, a, r in zip(xs, t, rows):
+        if isinstance(r.get("time_over_floor"), (int, float)):
+            ax.annotate(f"{r['time_over_floor']:.2f}×", (x, a), textcoords="offset points", xytext=(4, 6), fontsize=8)
+    ax.set_xlabel("oversubscription (region / device memory)")
+    ax.set_ylabel("seconds per FILL + CHECKSUM run")
+    ax.set_xticks(xs, [f"{x:g}×" for x in xs])
+    ax.set_title(f"P4 streaming with the link model on ({p4.get('link_mbs')} MB/s host links, peer 4×)\n"
+                 f"{d.get('mode')} run, QEMU TCG: compare the two curves, not absolute times", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    paths = [os.path.join(out, "oversubscription.png"), os.path.join(out, "oversubscription.svg")]
+    for p in paths:
+        fig.savefig(p, dpi=110, metadata={"Date": None} if p.endswith(".svg") else {"Software": None})
+    plt.close(fig)
+    return paths
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--console", help="guest console log")
@@ -524,9 +579,11 @@ def main():
     with open(os.path.join(a.out, "results.md"), "w") as fh:
         fh.write(md)
     plot(d, a.out)
+    plot_oversubscription(d, a.out)
     if not a.quiet:
         print(md)
-    print(f"[bench] wrote {a.out}/results.json, results.md, ratios.png, ratios.svg", file=sys.stderr)
+    print(f"[bench] wrote {a.out}/results.json, results.md, ratios.png, ratios.svg, oversubscription.png, "
+          f"oversubscription.svg", file=sys.stderr)
     if d.get("errors"):
         print(f"bench.py: {len(d['errors'])} benchmark(s) failed, see 'Errors'", file=sys.stderr)
     return 0
