@@ -204,7 +204,17 @@ fn move_block(
                         return Err(ENOMEM);
                     }
                     let within = out.limit.as_ref().map(|limit| Within { limit, mm: Some(space.mm()) });
-                    evict::make_room_for(&acts, 64, Why::Advice, within)?;
+                    match evict::make_room_for(&acts, 64, Why::Advice, within) {
+                        Ok(()) => {}
+                        // Nothing was evictable just now, yet some frame of the device is
+                        // not pinned: it is held, without an owner yet, by a batch in flight
+                        // (another lane's, a fault's) and becomes evictable when that batch
+                        // commits. Retry, within the same budget, after letting it run.
+                        Err(e) if e == ENOMEM && out.limit.is_none() && unpinned_frames(&acts) => {
+                            sched::cond_resched();
+                        }
+                        Err(e) => return Err(e),
+                    }
                     p = region.lock(&block);
                     continue;
                 }
@@ -220,6 +230,11 @@ fn move_block(
         }
     }
     Ok(())
+}
+
+/// Whether the device a transition allocates on has used frames that are not pinned.
+fn unpinned_frames(acts: &crate::policy::page_state::Actions) -> bool {
+    acts.alloc_frame.and_then(|d| devices::get(d as usize)).is_some_and(|d| d.frames_used() > d.frames_pinned())
 }
 
 /// `EINTR` once `cancel` is set or, when `caller` (the lane runs in the task that asked),
