@@ -407,11 +407,13 @@ def markdown(d):
     p8 = section(L, d, "p8", "Two paths at once (P8)")
     if p8 and p8.get("speedup"):
         L.append(f"Explicit PREFETCH of {f((p8.get('bytes') or 0) / 2**20)} MiB of host-written data to sim0, host links "
-                 f"modelled at {p8.get('link_mbs')} MB/s (a quarter of the paired copy baseline, "
+                 f"modelled at {p8.get('link_mbs')} MB/s (a sixteenth of the paired copy baseline, "
                  f"{f(p8.get('paired_baseline_mbs'))} MB/s), the peer link at {p8.get('peer_link_mbs')} MB/s. "
                  "`multipath=0`: sim0's host link alone; `multipath=1`: part of each block goes through the idle "
                  "sim1 (into staging frames over its host link, then on over its peer link). Both runs of a "
-                 "repetition check the data on the device.")
+                 "repetition check the data on the device. (A sixteenth, not PL's quarter: the simulated engines copy "
+                 "with the guest CPU, and the staged half is copied twice, so at PL's speed the two vCPUs, not the "
+                 "links, would bound both runs.)")
         L.append("")
         rows = []
         for key, name in (("direct", "direct path only"), ("two_paths", "direct + via peer")):

@@ -475,7 +475,9 @@ fn copy_batch(lists: &[(CopyKey, KVec<GmemCopy>)], devs: &mut Devs, space: &Spac
         };
         for (c, part) in st.stage2.chunks(CHUNK_PAGES).enumerate() {
             let waited = flight.0.get(first + c).map_or(Err(EINVAL), |f| f.wait());
-            let r = waited.and_then(|()| start_stage(&mut flight, st.peer(), pops, 1, GMEM_COPY_D2D, part, Some(dops)));
+            let ch = (c as u32).wrapping_add(1);
+            let r =
+                waited.and_then(|()| start_stage(&mut flight, st.peer(), pops, ch, GMEM_COPY_D2D, part, Some(dops)));
             if let Err(e) = r {
                 res = Err(e);
                 break;
@@ -509,8 +511,10 @@ fn start(
     Ok(())
 }
 
-/// Starts a route's stage on the peer `dev` (channel `chan`, or channel 0 if it has only
-/// one), one call per chunk, and counts it on the peer.
+/// Starts a route's stage on the peer `dev`, one call per chunk, chunk `j` on channel
+/// `(chan + j) % channels`: consecutive chunks go to different channels, so that one is
+/// already started while the other is on the link (a channel runs its calls one after the
+/// other); counts them on the peer.
 fn start_stage(
     flight: &mut InFlight,
     dev: &Device,
@@ -520,14 +524,15 @@ fn start_stage(
     entries: &[GmemCopy],
     peer: Option<&Ops<'_>>,
 ) -> Result {
-    let chan = if chan < ops.channels() { chan } else { 0 };
+    let chans = core::cmp::max(1, ops.channels());
     let stat = if dir == GMEM_COPY_H2D { &dev.stats.pages_h2d } else { &dev.stats.pages_d2d };
     if dir == GMEM_COPY_H2D {
         trace::migrate(dir, dev.id, None, entries.len());
     }
-    for part in entries.chunks(CHUNK_PAGES) {
+    for (j, part) in entries.chunks(CHUNK_PAGES).enumerate() {
         DevStats::add(&dev.stats.copy_calls, 1);
-        start(flight, ops, chan, dir, part, peer.map(|o| &**o))?;
+        let c = chan.wrapping_add(j as u32) % chans;
+        start(flight, ops, c, dir, part, peer.map(|o| &**o))?;
         DevStats::add(stat, part.len() as u64);
     }
     Ok(())

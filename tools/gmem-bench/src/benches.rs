@@ -678,7 +678,7 @@ impl Bench {
 
     /// P8: host-to-device throughput over two paths at once (sim0's host link, and the route
     /// through the idle sim1: its host link into staging frames, then its peer link at 4x)
-    /// against the direct path alone, with the link model of PL (host links at a quarter of
+    /// against the direct path alone, with the link model on (host links at a sixteenth of
     /// the paired copy bandwidth). Each repetition times an explicit PREFETCH of a fresh,
     /// CPU-written region with `multipath=0` and with `multipath=1`, in alternating order,
     /// checks the data on the device after each, and reads from the links how many bytes each
@@ -690,7 +690,12 @@ impl Bench {
         let n = self.size;
         let seed = 0x58;
         let expect = checksum_of(n / 4, |i| pattern(i, seed));
-        let (mbps, paired) = self.link_mbps()?;
+        // A sixteenth of the paired copy baseline (a quarter of PL's link): the simulated
+        // engines copy with the guest CPU, and two paths need about 2.5 times one path's copy
+        // work (the staged half is copied twice), which at PL's link speed is more than the
+        // two vCPUs do in the link's time; here the links, as on real hardware, are the floor.
+        let (quarter, paired) = self.link_mbps()?;
+        let mbps = (quarter / 4).max(10);
         let names = ["direct", "two_paths"];
         let mut cells: Vec<Cell> = names.iter().map(|_| Cell::default()).collect();
         let mut speedup = Vec::new();
