@@ -39,6 +39,7 @@ SUBTEST = re.compile(r"^\s*# Subtest: (\S+)")
 UTEST = re.compile(r"GMEM-UTEST (ok|not ok) ([A-Za-z0-9_.-]+)(?: # (.*))?")
 # The test runner announces every test before running any: a runner killed part way
 # (OOM killer, crash) must not make the tests it never reported look clean.
+RUN_END = re.compile(r"^(?:\[[ 0-9.]+\] )?GMEM-RUN-END\s*$")
 PLAN = re.compile(r"GMEM-UTEST-PLAN ((?:[A-Za-z0-9_.-]+ ?)+)$")
 CARGO = re.compile(r"^test result: \w+\. (\d+) passed; (\d+) failed")
 CARGO_FAIL = re.compile(r"^test (\S+) \.\.\. FAILED")
@@ -102,7 +103,8 @@ def judge_console(path, expect_suites, res):
                 if m.group(2) == "not ok":
                     res["fail"].append((f"kunit/{suite}", "KUnit suite failed"))
                 suite_stack.pop()
-        if line.strip() == "GMEM-RUN-END":
+        # The marker is a record of its own (/dev/kmsg), maybe behind a printk timestamp.
+        if RUN_END.search(line):
             ended = True
     for t in planned:
         if t not in reported:
