@@ -47,6 +47,16 @@ struct workqueue_struct *gmem_wq_alloc(void)
 }
 
 /*
+ * How many users @mm's address space has (space.rs, mm_user_while_used): the caller holds
+ * a reference on the struct. A racy snapshot, as any read of it is.
+ */
+int gmem_mm_users(struct mm_struct *mm);
+int gmem_mm_users(struct mm_struct *mm)
+{
+	return atomic_read(&mm->mm_users);
+}
+
+/*
  * Host pages backing GMEM memory: charged to the memory cgroup of @mm (the process whose
  * data the page holds, whichever task allocates it: a fault of another process evicting,
  * a worker, an unregistering driver), and allowed to fail (no OOM kill) so that the access

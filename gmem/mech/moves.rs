@@ -23,9 +23,13 @@
 //! the caller's lane also checks for a fatal signal (its own task's: a helper runs on a
 //! kworker). A stop or the first error of any lane stops every lane (`EINTR` or that
 //! error): a lane finishes the block it is in, claims no more and is done. So once the
-//! owner is cancelled, at most one block per lane is still moved. (A lane cannot rely on
-//! the process's exit alone: two lanes taking turns at `mmget_not_zero` could keep a dead
-//! process's address space in use between them.)
+//! owner is cancelled, at most one block per lane is still moved. A process that exits
+//! does not close the file at once (its mappings hold it until the address space is torn
+//! down), so the lanes also stop when nobody but them uses the address space any more
+//! (`Space::mm_user_while_used`): each lane takes its reference for a block under
+//! `Lanes::mm_gate`, which counts the references the lanes hold, exactly, and gives it
+//! back under it too. Two lanes taking turns at `mmget_not_zero` would otherwise keep a
+//! dead process's address space, and the file with it, alive between them.
 //!
 //! Lifetimes: a helper owns a reference to the shared [`Lanes`], which owns the region; it
 //! takes the mm only through `mm_user` and the mmap lock itself, per block, in the fault
@@ -47,8 +51,10 @@ use core::sync::atomic::{
     Ordering::{Acquire, Relaxed},
 };
 use kernel::{
+    mm::MmWithUser,
     new_condvar, new_mutex,
     prelude::*,
+    sync::aref::ARef,
     sync::{Arc, CondVar, Mutex},
     workqueue::{impl_has_work, new_work, Work, WorkItem},
 };
@@ -134,7 +140,9 @@ fn move_range(
             }
         }
         let chunk_end = core::cmp::min(end, region.block_pages(i).end);
-        move_block(region, i, chunk_end, event, dev, pinned)?;
+        // Only while the process (or anyone but this advice) still uses the address space.
+        let mm = region.space.mm_user_while_used(0).ok_or(EFAULT)?;
+        move_block(region, &mm, i, chunk_end, event, dev, pinned)?;
         i = chunk_end;
         sched::cond_resched();
     }
@@ -145,6 +153,7 @@ fn move_range(
 /// block lock (dropped only to evict).
 fn move_block(
     region: &Arc<Region>,
+    mm: &MmWithUser,
     first: usize,
     chunk_end: usize,
     event: Event,
@@ -152,7 +161,6 @@ fn move_block(
     pinned: &mut u64,
 ) -> Result {
     let space = &region.space;
-    let mm = space.mm_user().ok_or(EFAULT)?;
     let mmap = mm.mmap_read_lock();
     let vma = mmap.vma_lookup(region.start).filter(|v| v.start() == region.start);
     // Eviction attempts for the current page; the budget is per page (refilled after
@@ -268,6 +276,10 @@ struct Lanes {
     end: usize,
     /// The owner's cancellation, seen by every lane.
     cancel: Option<Arc<AtomicBool>>,
+    /// How many references on the address space's users the lanes hold: changed only
+    /// together with taking or dropping one, under this lock.
+    #[pin]
+    mm_gate: Mutex<usize>,
     #[pin]
     state: Mutex<LaneState>,
     /// Signalled when a helper leaves a block.
@@ -288,6 +300,25 @@ impl Lanes {
         st.cursor = e;
         st.busy += usize::from(helper);
         Some((i, e))
+    }
+
+    /// A reference on the address space's users for one block, if anyone but the lanes
+    /// still uses it (the process, normally): the lanes' own references are counted exactly,
+    /// since each is taken and dropped under `mm_gate`.
+    fn take_mm(&self) -> Option<ARef<MmWithUser>> {
+        let mut inside = self.mm_gate.lock();
+        let mm = self.region.space.mm_user_while_used(*inside)?;
+        *inside += 1;
+        Some(mm)
+    }
+
+    /// Gives back a reference of [`Lanes::take_mm`]. If it was the last one (the process
+    /// exited meanwhile), the address space's teardown runs here, under `mm_gate` (which
+    /// nothing it does takes).
+    fn put_mm(&self, mm: ARef<MmWithUser>) {
+        let mut inside = self.mm_gate.lock();
+        drop(mm);
+        *inside = inside.saturating_sub(1);
     }
 
     /// Records the outcome of a chunk (the first error stops every lane); a helper is no
@@ -314,7 +345,14 @@ impl Lanes {
                 break;
             }
             let Some((i, e)) = self.claim(helper) else { break };
-            let r = move_block(&self.region, i, e, self.event, &self.dev, &mut pinned);
+            let r = match self.take_mm() {
+                Some(mm) => {
+                    let r = move_block(&self.region, &mm, i, e, self.event, &self.dev, &mut pinned);
+                    self.put_mm(mm);
+                    r
+                }
+                None => Err(EFAULT),
+            };
             self.done(r, helper);
             sched::cond_resched();
         }
@@ -360,6 +398,7 @@ fn in_lanes(
             dev,
             end,
             cancel: cancel.cloned(),
+            mm_gate <- new_mutex!(0, "gmem_lanes_mm"),
             state <- new_mutex!(LaneState { cursor: first, busy: 0, stop: false, err: None }, "gmem_lanes_state"),
             idle <- new_condvar!("gmem_lanes_idle"),
         }),

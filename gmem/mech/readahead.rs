@@ -93,7 +93,8 @@ impl ReadAhead {
     fn fetch(&self) {
         let (dev, r) = (&self.dev, &self.region);
         let d = dev.id as u8;
-        let Some(mm) = r.space.mm_user() else { return };
+        // Not for a process that is exiting (nobody else uses its address space).
+        let Some(mm) = r.space.mm_user_while_used(0) else { return };
         let mmap = mm.mmap_read_lock();
         let vma = mmap.vma_lookup(r.start).filter(|v| v.start() == r.start);
         let Some(first) = r.index(self.block_va) else { return };

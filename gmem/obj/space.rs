@@ -20,6 +20,11 @@ use kernel::{
     sync::{aref::ARef, global_lock, Arc, Mutex},
 };
 
+extern "C" {
+    /// `atomic_read(&mm->mm_users)` (gmem_export.c).
+    fn gmem_mm_users(mm: *mut core::ffi::c_void) -> core::ffi::c_int;
+}
+
 /// Per-space counters.
 #[derive(Default)]
 pub(crate) struct SpaceStats {
@@ -171,6 +176,20 @@ impl Space {
     /// A reference on the address space's users, or `None` if the process is exiting.
     pub(crate) fn mm_user(&self) -> Option<ARef<MmWithUser>> {
         self.mm.mmget_not_zero()
+    }
+
+    /// [`Space::mm_user`] for gmem's own workers: the reference is kept only if the
+    /// address space is still used by someone besides it and the `held` references that
+    /// the caller's fellow workers hold (the process itself, normally). A process that
+    /// dropped its address space (it is exiting) is not kept alive by workers taking turns
+    /// at it; whoever lets go of the last reference runs the address space's teardown.
+    pub(crate) fn mm_user_while_used(&self, held: usize) -> Option<ARef<MmWithUser>> {
+        let m = self.mm.mmget_not_zero()?;
+        // SAFETY: `as_raw` is a live `mm_struct` (this space holds a reference on the struct,
+        // and `m` one on its users).
+        let users = unsafe { gmem_mm_users(self.mm.as_raw().cast()) };
+        let ours = held.saturating_add(1);
+        (usize::try_from(users).unwrap_or(0) > ours).then_some(m)
     }
 
     /// The region containing `addr`.

@@ -121,6 +121,7 @@ fn killed_process_stops_prefetching() -> TestResult {
     }
     let after = counter(0, "prefetch.pages")? + counter(1, "prefetch.pages")?;
     let free_after = nframes - counter(0, "used")?;
+    println!("GMEM-INFO killed_process_stops_prefetching: {} pages prefetched after the reap", after - at_reap);
     ensure!(free_after >= free_before, "frames of the killed process still used: {} free of {free_before}", free_after);
     // One chunk (512 pages) per lane (two by default) may be in flight when the file is
     // closed, and every lane sees the cancellation before its next chunk; before the fix,
