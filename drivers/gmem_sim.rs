@@ -147,40 +147,55 @@ impl SimDev {
     /// Runs one batch of copies on the copy engine (in the caller's thread: gmem's for a
     /// synchronous copy, a channel's worker for an asynchronous one).
     pub(crate) fn run_copy(&self, job: CopyJob<'_, Self>) -> Result {
-        let n = match &job {
+        let plan = self.plan_copy(&job, 0);
+        self.run_planned(job, plan)
+    }
+
+    /// What the engine will do with `job`, decided when it takes the job: how many pages it
+    /// copies (an armed failure fires once, in the middle of the first call long enough for
+    /// it) and the link time it books, from `not_before` (see `sim_link::Links::book_after`)
+    /// or now, behind what the link carries already. A copy after unregistration, even one
+    /// queued on a channel, is a gmem bug.
+    pub(crate) fn plan_copy(&self, job: &CopyJob<'_, Self>, not_before: u64) -> CopyPlan {
+        let n = match job {
             CopyJob::ToDevice(c) | CopyJob::ToHost(c) => c.len(),
             CopyJob::ToPeer(_, c) | CopyJob::Zero(c) => c.len(),
         };
-        // An armed failure fires once, in the middle of the first call long enough for it.
-        // (A copy after unregistration, even one queued on a channel, is a gmem bug.)
         let armed = self.live().fail_after.load(Ordering::Acquire);
         let fires = armed < n as u64
             && self.fail_after.compare_exchange(armed, NO_FAILURE, Ordering::AcqRel, Ordering::Relaxed).is_ok();
         // `armed < n` when it fires, so the cut fits a usize.
         let todo = if fires { armed as usize } else { n };
-        // The transfer occupies its link from now on; the data moves while it does.
         let bytes = (todo as u64).saturating_mul(gmem::PAGE_SIZE);
-        let booking = match &job {
-            CopyJob::ToDevice(_) => self.links.book(sim_link::Path::H2D, bytes),
-            CopyJob::ToHost(_) => self.links.book(sim_link::Path::D2H, bytes),
-            CopyJob::ToPeer(..) => self.links.book(sim_link::Path::D2D, bytes),
+        let booking = match job {
+            CopyJob::ToDevice(_) => self.links.book_after(sim_link::Path::H2D, bytes, not_before),
+            CopyJob::ToHost(_) => self.links.book_after(sim_link::Path::D2H, bytes, not_before),
+            CopyJob::ToPeer(..) => self.links.book_after(sim_link::Path::D2D, bytes, not_before),
             // Device memory is not a link.
             CopyJob::Zero(_) => None,
         };
+        CopyPlan { todo, fires, booking }
+    }
+
+    /// Carries out `job` as `plan` says: the data move while the booked link time runs,
+    /// and the call returns when both are done.
+    pub(crate) fn run_planned(&self, job: CopyJob<'_, Self>, plan: CopyPlan) -> Result {
+        let todo = plan.todo;
         let r = match job {
-            CopyJob::ToDevice(c) => c[..todo].iter().try_for_each(|e| self.pool.upload(e.frame().index(), e.host())),
-            CopyJob::ToHost(c) => c[..todo].iter().try_for_each(|e| self.pool.download(e.frame().index(), e.host())),
-            CopyJob::ToPeer(peer, c) => c[..todo]
+            CopyJob::ToDevice(c) => c.iter().take(todo).try_for_each(|e| self.pool.upload(e.frame().index(), e.host())),
+            CopyJob::ToHost(c) => c.iter().take(todo).try_for_each(|e| self.pool.download(e.frame().index(), e.host())),
+            CopyJob::ToPeer(peer, c) => c
                 .iter()
+                .take(todo)
                 .try_for_each(|e| self.pool.to_peer(e.frame().index(), &peer.live().pool, e.peer_frame().index())),
-            CopyJob::Zero(c) => c[..todo].iter().try_for_each(|e| self.pool.zero(e.frame().index())),
+            CopyJob::Zero(c) => c.iter().take(todo).try_for_each(|e| self.pool.zero(e.frame().index())),
         };
-        if let Some(b) = booking {
-            b.wait();
+        if let Some(b) = plan.booking {
+            self.links.wait(b);
         }
         r?;
         self.copies.fetch_add(todo as u64, Ordering::Relaxed);
-        if fires {
+        if plan.fires {
             // `fail_err` is in 1..=4095 (checked when armed).
             return Err(Error::from_errno(-(self.fail_err.load(Ordering::Relaxed) as i32)));
         }
@@ -512,6 +527,20 @@ struct SimModule {
     /// The copy channels' workqueue: declared last, so dropped (drained) after every
     /// device is unregistered and its data released.
     wq: sim_chan::Wq,
+}
+
+/// A copy-engine call as the engine took it (`SimDev::plan_copy`).
+pub(crate) struct CopyPlan {
+    todo: usize,
+    fires: bool,
+    booking: Option<sim_link::Booking>,
+}
+
+impl CopyPlan {
+    /// When its link time ends (`None`: no link time).
+    pub(crate) fn ends(&self) -> Option<u64> {
+        self.booking.as_ref().map(sim_link::Booking::end)
+    }
 }
 
 /// Tells gmem the bandwidths of the device's modelled links (an unmodelled link, 0, is

@@ -12,7 +12,13 @@
 //! workqueue ([`Wq`]) belongs to the module and is destroyed last, which drains it: no work
 //! item runs module code after unload.
 //!
-//! **Locks.** `Channel::queue` is a leaf, never held while copying or completing.
+//! **Timing.** A copy's link time is booked when it is started (`Channels::start`), from
+//! when both its link and the channel's earlier copies are free: a channel is a queue of
+//! descriptors that the engine works through back to back, whichever CPU runs the worker
+//! and whenever. The worker moves the data and completes the copy once its booking ended.
+//!
+//! **Locks.** `Channel::queue` is a leaf, never held while copying or completing (booking
+//! a copy under it takes only the link model's atomics).
 
 use crate::gmem::Submission;
 use crate::SimDev;
@@ -62,8 +68,13 @@ impl Drop for Wq {
     }
 }
 
-/// Copies started on a channel and not yet run.
-type Pending = KVec<(Arc<SimDev>, Submission<SimDev>)>;
+/// Copies started on a channel and not yet run, each with its plan (`SimDev::plan_copy`),
+/// and when the last one booked ends its link time.
+#[derive(Default)]
+struct Pending {
+    copies: KVec<(Arc<SimDev>, Submission<SimDev>, crate::CopyPlan)>,
+    busy_until: u64,
+}
 
 /// One copy engine.
 ///
@@ -94,15 +105,17 @@ impl WorkItem for Channel {
 
     /// Runs the channel's copies in the order they were started, until none is left.
     /// (The work item is no longer pending while it runs, so a copy started meanwhile
-    /// queues it again, or is found by the next turn of this loop.)
+    /// queues it again, or is found by the next turn of this loop.) Each copy's link time
+    /// was booked when it was started (`Channels::start`), so the worker only moves the
+    /// data and waits for the booking to end.
     fn run(ch: Arc<Channel>) {
         loop {
-            let batch = core::mem::take(&mut *ch.queue.lock());
+            let batch = core::mem::take(&mut ch.queue.lock().copies);
             if batch.is_empty() {
                 return;
             }
-            for (dev, sub) in batch {
-                let r = dev.run_copy(sub.job());
+            for (dev, sub, plan) in batch {
+                let r = dev.run_planned(sub.job(), plan);
                 dev.chan.async_pages.fetch_add(sub.len() as u64, Ordering::Relaxed);
                 dev.chan.inflight.fetch_sub(1, Ordering::Relaxed);
                 sub.complete(r);
@@ -117,7 +130,7 @@ impl Channel {
         Arc::pin_init(
             pin_init!(Channel {
                 wq: wq.raw(),
-                queue <- new_mutex!(KVec::new(), "gmem_sim::Channel::queue"),
+                queue <- new_mutex!(Pending::default(), "gmem_sim::Channel::queue"),
                 work <- new_work!("gmem_sim::Channel::work"),
             }),
             GFP_KERNEL,
@@ -170,7 +183,7 @@ impl Channels {
         let s = &dev.chan;
         {
             let mut q = ch.queue.lock();
-            if let Err(e) = q.reserve(1, GFP_KERNEL) {
+            if let Err(e) = q.copies.reserve(1, GFP_KERNEL) {
                 drop(q);
                 sub.complete(Err(e.into()));
                 return;
@@ -178,7 +191,14 @@ impl Channels {
             let now = s.inflight.fetch_add(1, Ordering::Relaxed) + 1;
             s.max_inflight.fetch_max(now, Ordering::Relaxed);
             s.async_calls.fetch_add(1, Ordering::Relaxed);
-            let _ = q.push_within_capacity((dev.clone(), sub));
+            // The engine takes the copy now, as a DMA engine takes a descriptor: its link
+            // time starts when both the link and this channel's earlier copies are done, not
+            // when a CPU gets round to moving the data.
+            let plan = dev.plan_copy(&sub.job(), q.busy_until);
+            if let Some(end) = plan.ends() {
+                q.busy_until = end;
+            }
+            let _ = q.copies.push_within_capacity((dev.clone(), sub, plan));
         }
         // SAFETY: the module's queue, alive while any channel is used (type invariant).
         let wq = unsafe { Queue::from_raw(ch.wq) };

@@ -3,8 +3,10 @@
 //! bandwidth (MB/s, 10^6 bytes per second; 0 = unlimited) and one latency per copy call.
 //!
 //! A copy-engine call reserves its path for `latency + bytes / bandwidth` starting when
-//! the path is free (a path carries one transfer at a time: concurrent calls queue on it),
-//! moves the data, and returns only when its reservation ends. So a transfer takes at least
+//! the path is free (a path carries one transfer at a time: concurrent calls queue on it)
+//! and, for a call on a copy channel, when the channel's earlier calls are done (the
+//! reservation is made when gmem starts the call: `sim_chan.rs`); it moves the data, and
+//! returns (or completes) only when its reservation ends. So a transfer takes at least
 //! what the modelled link allows, and the data copy itself (a `memcpy` on the guest CPU)
 //! overlaps with the modelled time instead of adding to it. Device memory has no model: a
 //! zero fill is not a transfer. Every path counts its bytes and its modelled busy time,
@@ -125,7 +127,13 @@ impl Links {
 
     /// Books a transfer of `bytes` on `path` starting now (queued behind earlier ones);
     /// returns the reservation to wait for, or `None` when the model is off for it.
-    pub(crate) fn book(&self, path: Path, bytes: u64) -> Option<Booking<'_>> {
+    pub(crate) fn book(&self, path: Path, bytes: u64) -> Option<Booking> {
+        self.book_after(path, bytes, 0)
+    }
+
+    /// [`Links::book`], starting no earlier than `not_before` (ns since the epoch, as
+    /// [`Booking::end`]): a copy engine's queue that is busy until then.
+    pub(crate) fn book_after(&self, path: Path, bytes: u64, not_before: u64) -> Option<Booking> {
         let p = &self.paths[path as usize];
         p.bytes.fetch_add(bytes, Ordering::Relaxed);
         let dur = transfer_ns(bytes, p.mbps.load(Ordering::Relaxed), self.latency_ns());
@@ -134,36 +142,41 @@ impl Links {
         }
         // Saturating: with bounded models this cannot wrap in any realistic uptime.
         let _ = p.busy_ns.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| Some(b.saturating_add(dur)));
-        let now = self.now();
+        let now = core::cmp::max(self.now(), not_before);
         let mut seen = p.busy_until.load(Ordering::Relaxed);
         loop {
             let end = reserve(now, seen, dur);
             match p.busy_until.compare_exchange_weak(seen, end, Ordering::AcqRel, Ordering::Relaxed) {
-                Ok(_) => return Some(Booking { links: self, end }),
+                Ok(_) => return Some(Booking { end }),
                 Err(v) => seen = v,
             }
         }
     }
+
+    /// Sleeps until `b`'s reservation ends (at once if the copy itself took longer), in
+    /// steps of at most 10 ms; a task being killed stops waiting.
+    pub(crate) fn wait(&self, b: Booking) {
+        loop {
+            let now = self.now();
+            if now >= b.end || crate::gmem::sched::fatal_signal_pending() {
+                return;
+            }
+            let left = core::cmp::min(b.end - now, STEP_NS);
+            fsleep(Delta::from_nanos(i64::try_from(left).unwrap_or(i64::MAX)));
+        }
+    }
 }
 
-/// A reserved transfer: [`Booking::wait`] returns when it ends.
-pub(crate) struct Booking<'a> {
-    links: &'a Links,
+/// A reserved transfer of these links, until `end` (ns since their epoch):
+/// [`Links::wait`] returns when it ends.
+pub(crate) struct Booking {
     end: u64,
 }
 
-impl Booking<'_> {
-    /// Sleeps until the reservation's end (at once if the copy itself took longer), in
-    /// steps of at most 10 ms; a task being killed stops waiting.
-    pub(crate) fn wait(self) {
-        loop {
-            let now = self.links.now();
-            if now >= self.end || crate::gmem::sched::fatal_signal_pending() {
-                return;
-            }
-            let left = core::cmp::min(self.end - now, STEP_NS);
-            fsleep(Delta::from_nanos(i64::try_from(left).unwrap_or(i64::MAX)));
-        }
+impl Booking {
+    /// When the reservation ends, ns since the links' epoch.
+    pub(crate) fn end(&self) -> u64 {
+        self.end
     }
 }
 

@@ -511,10 +511,10 @@ fn start(
     Ok(())
 }
 
-/// Starts a route's stage on the peer `dev`, one call per chunk, chunk `j` on channel
-/// `(chan + j) % channels`: consecutive chunks go to different channels, so that one is
-/// already started while the other is on the link (a channel runs its calls one after the
-/// other); counts them on the peer.
+/// Starts a route's stage on the peer `dev` (channel `chan`, or channel 0 if it has only
+/// one), one call per chunk, and counts it on the peer. Stage 1 goes on channel 0 and
+/// stage 2 on channel 1, so that a chunk's stage 2 never queues behind later chunks' stage
+/// 1 (a channel runs its calls in order).
 fn start_stage(
     flight: &mut InFlight,
     dev: &Device,
@@ -524,15 +524,14 @@ fn start_stage(
     entries: &[GmemCopy],
     peer: Option<&Ops<'_>>,
 ) -> Result {
-    let chans = core::cmp::max(1, ops.channels());
+    let chan = if chan < ops.channels() { chan } else { 0 };
     let stat = if dir == GMEM_COPY_H2D { &dev.stats.pages_h2d } else { &dev.stats.pages_d2d };
     if dir == GMEM_COPY_H2D {
         trace::migrate(dir, dev.id, None, entries.len());
     }
-    for (j, part) in entries.chunks(CHUNK_PAGES).enumerate() {
+    for part in entries.chunks(CHUNK_PAGES) {
         DevStats::add(&dev.stats.copy_calls, 1);
-        let c = chan.wrapping_add(j as u32) % chans;
-        start(flight, ops, c, dir, part, peer.map(|o| &**o))?;
+        start(flight, ops, chan, dir, part, peer.map(|o| &**o))?;
         DevStats::add(stat, part.len() as u64);
     }
     Ok(())

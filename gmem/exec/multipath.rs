@@ -5,9 +5,9 @@
 //! finishes sooner (`policy/src/paths.rs` decides how much).
 //!
 //! The route has two stages per chunk of `paths::CHUNK_PAGES` pages: stage 1 copies host
-//! pages into staging frames of the peer (a `GMEM_COPY_H2D` of the peer), stage 2 copies
-//! the staging frames on to the destination's frames (a `GMEM_COPY_D2D` of the peer), the
-//! chunks of each stage alternating over the peer's channels. The executor starts every direct part and every stage 1 at
+//! pages into staging frames of the peer (a `GMEM_COPY_H2D` of the peer, on its channel 0),
+//! stage 2 copies the staging frames on to the destination's frames (a `GMEM_COPY_D2D` of
+//! the peer, on its channel 1). The executor starts every direct part and every stage 1 at
 //! once, then starts each chunk's stage 2 as soon as that chunk's stage 1 completed, so the
 //! two links of the peer and the destination's host link all carry data together
 //! (`migrate::copy_batch`).
