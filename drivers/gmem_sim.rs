@@ -473,6 +473,7 @@ impl SimFile {
                 return Err(EINVAL);
             }
             links.set(l.mbps, l.latency_ns);
+            self.dev.reg.data().channels.reset_bookings();
             report_links(&self.dev.reg)?;
         }
         for (k, p) in PATHS.iter().enumerate() {

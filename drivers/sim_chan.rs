@@ -173,6 +173,15 @@ impl Channels {
         self.chans.len() as u32
     }
 
+    /// Forgets when each channel's last booking ends (a new link model: copies started
+    /// from now on no longer queue behind the old model's bookings, as on its paths; copies
+    /// already queued keep theirs).
+    pub(crate) fn reset_bookings(&self) {
+        for ch in self.chans.iter() {
+            ch.queue.lock().busy_until = 0;
+        }
+    }
+
     /// Queues `sub` on channel `chan` of `dev`. A channel gmem should not have named, or
     /// no memory to queue it, fails the copy (`EINVAL`, `ENOMEM`) at once.
     pub(crate) fn start(&self, dev: &Arc<SimDev>, chan: u32, sub: Submission<SimDev>) {

@@ -475,9 +475,7 @@ fn copy_batch(lists: &[(CopyKey, KVec<GmemCopy>)], devs: &mut Devs, space: &Spac
         };
         for (c, part) in st.stage2.chunks(CHUNK_PAGES).enumerate() {
             let waited = flight.0.get(first + c).map_or(Err(EINVAL), |f| f.wait());
-            let ch = (c as u32).wrapping_add(1);
-            let r =
-                waited.and_then(|()| start_stage(&mut flight, st.peer(), pops, ch, GMEM_COPY_D2D, part, Some(dops)));
+            let r = waited.and_then(|()| start_stage(&mut flight, st.peer(), pops, 1, GMEM_COPY_D2D, part, Some(dops)));
             if let Err(e) = r {
                 res = Err(e);
                 break;

@@ -14,8 +14,9 @@
 //!
 //! **Staging frames** are frames of the peer's pool with no owner (eviction never picks a
 //! frame without an owner), charged to the owner's dmem cgroup on the peer like any other
-//! frame used on its behalf. Only frames above the peer's high watermark are used, so a
-//! route never makes the peer evict. They are taken only once the batch holds a callback
+//! frame used on its behalf. Only frames above the peer's high watermark are used (as
+//! seen when the route is chosen and again when its frames are taken), so a route does not
+//! make the peer evict. They are taken only once the batch holds a callback
 //! section of the peer and has seen it alive, and freed (by [`Staging`]'s drop) after every
 //! copy that names them completed and before that section closes: so unregistration of the
 //! peer, which waits for its sections (`Device::quiesce`) before it checks that no frame is
@@ -80,8 +81,16 @@ impl Staging {
         if !peer.alive() {
             return Ok(None);
         }
+        // The room again, now: another route (a second lane's) may have taken some of what
+        // `pick` saw. (Still a snapshot: two routes allocating at the same instant can take
+        // a little more than the room between them, at most one batch's worth each.)
+        let room = usize::try_from(peer.frames_free_hint().saturating_sub(peer.high())).unwrap_or(usize::MAX);
+        let want = core::cmp::min(core::cmp::min(want, pages.len()), room);
+        if want < CHUNK_PAGES {
+            return Ok(None);
+        }
         let mut charges: KVec<Charge> = KVec::new();
-        peer.dmem.charge(space.mm(), core::cmp::min(want, pages.len()), &mut charges)?;
+        peer.dmem.charge(space.mm(), want, &mut charges)?;
         let mut frames = KVec::new();
         peer.alloc_frames(&mut charges, &mut frames)?;
         // INVARIANT: from here on every frame in `frames` is freed on drop.

@@ -32,8 +32,8 @@
 //! dead process's address space, and the file with it, alive between them.
 //!
 //! Lifetimes: a helper owns a reference to the shared [`Lanes`], which owns the region; it
-//! takes the mm only through `mm_user` and the mmap lock itself, per block, in the fault
-//! paths' order. The caller holds no mmap or block lock while it waits for helpers (a
+//! takes the mm only through `Lanes::take_mm` and the mmap lock itself, per block, in the
+//! fault paths' order. The caller holds no mmap or block lock while it waits for helpers (a
 //! helper's mmap read lock could otherwise queue behind a writer that waits for the
 //! caller's). It waits only for the helpers that are inside a block (`Lanes::busy`, under
 //! `Lanes::state`): a helper the workqueue starts later finds the cursor at the end and
@@ -56,6 +56,7 @@ use kernel::{
     prelude::*,
     sync::aref::ARef,
     sync::{Arc, CondVar, Mutex},
+    time::{delay::fsleep, Delta},
     workqueue::{impl_has_work, new_work, Work, WorkItem},
 };
 
@@ -217,9 +218,11 @@ fn move_block(
                         // Nothing was evictable just now, yet some frame of the device is
                         // not pinned: it is held, without an owner yet, by a batch in flight
                         // (another lane's, a fault's) and becomes evictable when that batch
-                        // commits. Retry, within the same budget, after letting it run.
+                        // commits. Retry, within the same budget (64 rounds of at least 1 ms
+                        // each without progress), after letting it run.
                         Err(e) if e == ENOMEM && out.limit.is_none() && unpinned_frames(&acts) => {
-                            sched::cond_resched();
+                            // A copy in flight takes milliseconds: give it one per round.
+                            fsleep(Delta::from_millis(1));
                         }
                         Err(e) => return Err(e),
                     }

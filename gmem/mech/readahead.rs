@@ -19,7 +19,8 @@
 //! Lifetimes: the work item owns references to the device and the region. The region's
 //! teardown marks it dead under each block's lock, and the device's unregistration marks
 //! it dead before it evacuates; the worker checks both under the block lock and then does
-//! nothing. It takes the mm only through `mm_user` (no fetch for an exiting process) and
+//! nothing. It takes the mm only through `Space::mm_user_while_used` (no fetch for an
+//! exiting process: nobody else uses its address space) and
 //! the mmap lock itself, in the fault paths' order (mmap lock, then the block lock); it
 //! runs on gmem's workqueue, which module unload drains.
 //! Switch off with `readahead=0` in `/sys/kernel/debug/gmem/control`.

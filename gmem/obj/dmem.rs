@@ -101,8 +101,10 @@ impl Region {
         out.reserve(n, GFP_KERNEL)?;
         let mut limit = core::ptr::null_mut();
         // SAFETY: `p` is registered (a concurrent `unregister` can only happen at device
-        // unregistration, after evacuation, when no executor allocates on the device any
-        // more); `mm` is live; `pools` has room for `n` entries.
+        // unregistration, after evacuation and `quiesce`, when no executor allocates on the
+        // device any more: a batch's frames are allocated before the device is marked dead,
+        // staging frames only inside a callback section, which `quiesce` waits for); `mm`
+        // is live; `pools` has room for `n` entries.
         let k = unsafe { gmem_dmem_charge(p, mm.as_raw().cast(), n32, pools.as_mut_ptr(), &mut limit) };
         let k = core::cmp::min(k as usize, n);
         // SAFETY: the first `k` entries were written by `gmem_dmem_charge`.
