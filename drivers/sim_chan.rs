@@ -115,8 +115,12 @@ impl WorkItem for Channel {
                 return;
             }
             for (dev, sub, plan) in batch {
+                // Pages the engine moves: all of them, or those before an injected failure
+                // (none if the copy itself failed).
+                let (todo, fires) = (plan.todo, plan.fires);
                 let r = dev.run_planned(sub.job(), plan);
-                dev.chan.async_pages.fetch_add(sub.len() as u64, Ordering::Relaxed);
+                let moved = if r.is_ok() || fires { todo } else { 0 };
+                dev.chan.async_pages.fetch_add(moved as u64, Ordering::Relaxed);
                 dev.chan.inflight.fetch_sub(1, Ordering::Relaxed);
                 sub.complete(r);
             }
@@ -147,7 +151,8 @@ pub(crate) struct ChanStats {
     pub(crate) max_inflight: AtomicU64,
     /// Copy calls started on a channel.
     pub(crate) async_calls: AtomicU64,
-    /// Pages copied by the channels' workers.
+    /// Pages copied by the channels' workers (a failed copy counts only the pages it
+    /// moved before it failed).
     pub(crate) async_pages: AtomicU64,
 }
 

@@ -72,6 +72,10 @@ fn failed_channel_copy_fails_the_fault() -> TestResult {
         let i1 = ok!(s.info());
         ensure!(i1.async_calls > i0.async_calls, "the failed copy did not run on a channel");
         ensure!(i1.inflight == 0, "{} copies still in flight after the failure", i1.inflight);
+        // The fault batch (256 pages) went as two 128-page parts: one copied whole, the
+        // other 100 pages before the injected failure. The channels count what they moved.
+        let moved = i1.async_pages - i0.async_pages;
+        ensure!(moved == 128 + 100, "the channels report {moved} pages moved; 128 + 100 expected");
         let q = ok!(g.query(a, LEN / 4096));
         ensure!(q.iter().all(|&w| q_loc(w) == GMEM_LOC_HOST), "a page left the host although its batch failed");
         Ok(())
