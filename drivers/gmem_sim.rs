@@ -153,7 +153,7 @@ impl SimDev {
 
     /// What the engine will do with `job`, decided when it takes the job: how many pages it
     /// copies (an armed failure fires once, in the middle of the first call long enough for
-    /// it) and the link time it books, from `not_before` (see `sim_link::Links::book_after`)
+    /// it) and the link time it books, from `not_before` (see `sim_link::Links::book`)
     /// or now, behind what the link carries already. A copy after unregistration, even one
     /// queued on a channel, is a gmem bug.
     pub(crate) fn plan_copy(&self, job: &CopyJob<'_, Self>, not_before: u64) -> CopyPlan {
@@ -167,13 +167,14 @@ impl SimDev {
         // `armed < n` when it fires, so the cut fits a usize.
         let todo = if fires { armed as usize } else { n };
         let bytes = (todo as u64).saturating_mul(gmem::PAGE_SIZE);
-        let booking = match job {
-            CopyJob::ToDevice(_) => self.links.book_after(sim_link::Path::H2D, bytes, not_before),
-            CopyJob::ToHost(_) => self.links.book_after(sim_link::Path::D2H, bytes, not_before),
-            CopyJob::ToPeer(..) => self.links.book_after(sim_link::Path::D2D, bytes, not_before),
+        let path = match job {
+            CopyJob::ToDevice(_) => Some(sim_link::Path::H2D),
+            CopyJob::ToHost(_) => Some(sim_link::Path::D2H),
+            CopyJob::ToPeer(..) => Some(sim_link::Path::D2D),
             // Device memory is not a link.
             CopyJob::Zero(_) => None,
         };
+        let booking = path.and_then(|p| self.links.book(p, bytes, not_before));
         CopyPlan { todo, fires, booking }
     }
 

@@ -125,15 +125,11 @@ impl Links {
         }
     }
 
-    /// Books a transfer of `bytes` on `path` starting now (queued behind earlier ones);
-    /// returns the reservation to wait for, or `None` when the model is off for it.
-    pub(crate) fn book(&self, path: Path, bytes: u64) -> Option<Booking> {
-        self.book_after(path, bytes, 0)
-    }
-
-    /// [`Links::book`], starting no earlier than `not_before` (ns since the epoch, as
-    /// [`Booking::end`]): a copy engine's queue that is busy until then.
-    pub(crate) fn book_after(&self, path: Path, bytes: u64, not_before: u64) -> Option<Booking> {
+    /// Books a transfer of `bytes` on `path` starting now, or at `not_before` (ns since the
+    /// epoch, as [`Booking::end`]: a copy engine's queue that is busy until then) if later,
+    /// queued behind earlier transfers; returns the reservation to wait for, or `None` when
+    /// the model is off for it.
+    pub(crate) fn book(&self, path: Path, bytes: u64, not_before: u64) -> Option<Booking> {
         let p = &self.paths[path as usize];
         p.bytes.fetch_add(bytes, Ordering::Relaxed);
         let dur = transfer_ns(bytes, p.mbps.load(Ordering::Relaxed), self.latency_ns());
@@ -213,13 +209,13 @@ mod tests {
         // Busy path: starts when the last one ends.
         assert_eq!(reserve(100, 400, 10), 410);
         let l = Links::new([1000, 0, 0], 0);
-        let a = l.book(Path::H2D, 4096).map(|b| b.end).unwrap_or(0);
-        let b = l.book(Path::H2D, 4096).map(|b| b.end).unwrap_or(0);
+        let a = l.book(Path::H2D, 4096, 0).map(|b| b.end).unwrap_or(0);
+        let b = l.book(Path::H2D, 4096, 0).map(|b| b.end).unwrap_or(0);
         // 4096 B at 1000 MB/s = 4096 ns each, back to back.
         // The second follows the first.
         assert!(b >= a + 4096);
         // An unlimited path books nothing.
-        assert!(l.book(Path::D2H, 4096).is_none());
+        assert!(l.book(Path::D2H, 4096, 0).is_none());
         let s = l.stats(Path::H2D);
         assert_eq!((s.bytes, s.busy_ns), (8192, 8192));
         assert_eq!(l.stats(Path::D2H).bytes, 4096);

@@ -32,6 +32,11 @@ use crate::policy::paths::{self, CHUNK_PAGES};
 use core::sync::atomic::Ordering::Relaxed;
 use kernel::{prelude::*, sync::Arc};
 
+/// Frames `peer` has free above its high watermark (a snapshot): what staging may take.
+fn room(peer: &Device) -> usize {
+    usize::try_from(peer.frames_free_hint().saturating_sub(peer.high())).unwrap_or(usize::MAX)
+}
+
 /// Chooses the peer (if any) through which to send part of a copy of `n` host pages to
 /// `dst`, and how many pages: the registered device of `dst`'s driver with two copy
 /// channels or more that the policy gives the largest share. Nothing is reserved yet.
@@ -51,8 +56,7 @@ pub(crate) fn pick(dst: &Device, n: usize) -> Option<(Arc<Device>, usize)> {
         if peer.ops().map_or(0, |o| o.channels()) < 2 {
             continue;
         }
-        let room = usize::try_from(peer.frames_free_hint().saturating_sub(peer.high())).unwrap_or(usize::MAX);
-        let via = paths::via_peer(n, to, peer.links(), room);
+        let via = paths::via_peer(n, to, peer.links(), room(&peer));
         if via > best.as_ref().map_or(0, |b| b.1) {
             best = Some((peer, via));
         }
@@ -84,8 +88,7 @@ impl Staging {
         // The room again, now: another route (a second lane's) may have taken some of what
         // `pick` saw. (Still a snapshot: two routes allocating at the same instant can take
         // a little more than the room between them, at most one batch's worth each.)
-        let room = usize::try_from(peer.frames_free_hint().saturating_sub(peer.high())).unwrap_or(usize::MAX);
-        let want = core::cmp::min(core::cmp::min(want, pages.len()), room);
+        let want = core::cmp::min(core::cmp::min(want, pages.len()), room(peer));
         if want < CHUNK_PAGES {
             return Ok(None);
         }

@@ -10,7 +10,7 @@ use crate::exec::migrate::{self, Env};
 use crate::mech::evict::{self, Why};
 use crate::mech::{prefetch, readahead};
 use crate::obj::device::{DevStats, Device};
-use crate::obj::region::{adv, Pages, Region, ADVICE_RUNS};
+use crate::obj::region::{adv, block_base, Pages, Region, ADVICE_RUNS};
 use crate::obj::space::{Space, Thrash};
 use crate::obj::{trace, tune};
 use crate::policy::batch;
@@ -151,7 +151,7 @@ pub(crate) fn device_fault(dev: &Arc<Device>, space: &Space, addrs: &[u64], writ
         }
         if let (Some((r, vma)), Some(&first)) = (&cur, block.first()) {
             if tune::PREFETCH.load(Relaxed) {
-                let block_va = (first as usize) & !((1 << 21) - 1);
+                let block_va = block_base(first as usize);
                 if prefetch::on_fault(dev, r, *vma, block_va, &faulted) {
                     // The device streams through the region: fetch its next block while
                     // it computes on this one.

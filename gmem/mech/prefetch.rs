@@ -10,7 +10,7 @@
 
 use crate::exec::migrate::{self, Env, Step};
 use crate::obj::device::{DevStats, Device, F_PREFETCHED};
-use crate::obj::region::{Pages, Region, PAGE_SIZE};
+use crate::obj::region::{block_base, Pages, Region, PAGE_SIZE};
 use crate::obj::{trace, tune};
 use crate::policy::page_state::{transition, Actions, Event, Loc, Target};
 use crate::policy::prefetch::{density, read_ahead, BLOCK_PAGES};
@@ -103,7 +103,7 @@ pub(crate) fn speculate(dev: &Device, r: &Arc<Region>, vma: Option<&VmaRef>, p: 
 /// applies its prefetch to CPU faults too). Returns region page indices, ascending, never
 /// `i` itself and never an advised page (advice decides placement for those).
 pub(crate) fn cpu_window(r: &Region, p: &Pages, i: usize, out: &mut KVec<usize>) -> Result {
-    let block_va = (r.va(i) as usize) & !((1 << 21) - 1);
+    let block_va = block_base(r.va(i) as usize);
     let (mut resident, mut valid, mut faulted) = ([0u64; 8], [0u64; 8], [0u64; 8]);
     let k0 = (r.va(i) as usize - block_va) / PAGE_SIZE;
     faulted[k0 / 64] |= 1 << (k0 % 64);

@@ -28,7 +28,7 @@
 use crate::exec::migrate::Step;
 use crate::mech::prefetch;
 use crate::obj::device::{DevStats, Device};
-use crate::obj::region::{Region, BLOCK_PAGES, PAGE_SIZE};
+use crate::obj::region::{Region, BLOCK_BYTES, BLOCK_PAGES};
 use crate::obj::{tune, wq};
 use crate::policy::page_state::{transition, Actions, Event, Target};
 use core::sync::atomic::Ordering::{Acquire, Relaxed, Release};
@@ -37,9 +37,6 @@ use kernel::{
     sync::Arc,
     workqueue::{impl_has_work, new_work, Work, WorkItem},
 };
-
-/// Bytes of a block.
-const BLOCK_BYTES: usize = BLOCK_PAGES * PAGE_SIZE;
 
 /// One queued read-ahead: the block at `block_va` of `region`, for `dev`.
 #[pin_data]

@@ -117,6 +117,15 @@ impl Dups {
 
 /// Pages per block (one 2 MiB virtual block of 4 KiB pages).
 pub(crate) const BLOCK_PAGES: usize = 512;
+
+/// Bytes of one block (2 MiB).
+pub(crate) const BLOCK_BYTES: usize = BLOCK_PAGES * PAGE_SIZE;
+
+/// The start of the 2 MiB-aligned block of virtual memory that holds `va`.
+pub(crate) fn block_base(va: usize) -> usize {
+    va & !(BLOCK_BYTES - 1)
+}
+
 /// Blocks per directory leaf (a leaf covers 128 MiB and costs 512 bytes once touched; a
 /// 1 TiB region has 8,192 directory slots of 24 bytes).
 const LEAF_BLOCKS: usize = 64;

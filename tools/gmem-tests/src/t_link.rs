@@ -12,7 +12,7 @@ use std::time::Instant;
 
 /// Runs `f` with `sim`'s link model set to `mbps`/`latency_ns`, and unmodelled again after
 /// (whatever `f` returns).
-fn with_link(sim: &Sim, mbps: [u64; 3], latency_ns: u64, f: impl FnOnce() -> TestResult) -> TestResult {
+pub(crate) fn with_link(sim: &Sim, mbps: [u64; 3], latency_ns: u64, f: impl FnOnce() -> TestResult) -> TestResult {
     ok!(sim.set_link(mbps, latency_ns));
     let r = f();
     ok!(sim.set_link([0; 3], 0));

@@ -7,6 +7,7 @@
 //! copy failing on the peer's stage fails the PREFETCH with its errno and keeps every page.
 
 use crate::harness::{words, TestResult};
+use crate::t_link::with_link;
 use crate::t_overcommit::{control, counter};
 use crate::{ensure, expect_errno, ok};
 use libgmem::sim::{checksum, Sim, PATH_D2D, PATH_H2D};
@@ -36,11 +37,7 @@ fn with_two_paths(f: impl FnOnce(&Gmem, &Sim, &Sim, u64, &[u32]) -> TestResult) 
     let first = ((a - r.addr) / 4) as usize;
     let want: Vec<u32> = (first..first + LEN / 4).map(pattern).collect();
     let links = [HOST_MBPS, HOST_MBPS, PEER_MBPS];
-    ok!(s0.set_link(links, 0));
-    let res = s1.set_link(links, 0).map_err(|e| format!("sim1 link: {e}")).and_then(|_| f(&g, &s0, &s1, a, &want));
-    ok!(s0.set_link([0; 3], 0));
-    ok!(s1.set_link([0; 3], 0));
-    res?;
+    with_link(&s0, links, 0, || with_link(&s1, links, 0, || f(&g, &s0, &s1, a, &want)))?;
     let w = words(&r);
     ensure!(w[first..first + LEN / 4] == want[..], "the CPU reads other data than it wrote");
     Ok(())
