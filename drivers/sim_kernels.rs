@@ -289,16 +289,19 @@ impl<'a, 's> Runner<'a, 's> {
     /// source is `[src, src+len)` if given (0 otherwise). Segments never cross a page of
     /// either range, so each segment is one locked access.
     fn stream(&mut self, dst: u64, len: u64, src: Option<u64>, mut f: impl FnMut(u64, &mut u32, u32)) -> Result {
-        let mut off = 0u64;
+        let (mut off, mut window_end) = (0u64, 0u64);
         while off < len {
             let left = sub(len, off)?;
             let d = add(dst, off)?;
             let s = src.map(|s| add(s, off)).transpose()?;
-            if off % WINDOW == 0 {
+            // (Not `off % WINDOW == 0`: segments end at page boundaries, so with an
+            // unaligned start `off` never meets a multiple of the window again.)
+            if off >= window_end {
                 // Like a GPU working through its grid: fault in the next window in batches,
                 // compute on it, move on (never the whole range up front: over capacity that
                 // would evict the window's own pages before they are used).
                 let w = core::cmp::min(WINDOW, left);
+                window_end = add(off, w)?;
                 if let Some(s) = s {
                     self.prefault(s, w, false)?;
                 }
@@ -335,12 +338,14 @@ impl<'a, 's> Runner<'a, 's> {
     }
 
     fn read_stream(&mut self, src: u64, len: u64, mut f: impl FnMut(u32)) -> Result {
-        let mut off = 0u64;
+        let (mut off, mut window_end) = (0u64, 0u64);
         while off < len {
             let left = sub(len, off)?;
             let s = add(src, off)?;
-            if off % WINDOW == 0 {
-                self.prefault(s, core::cmp::min(WINDOW, left), false)?;
+            if off >= window_end {
+                let w = core::cmp::min(WINDOW, left);
+                window_end = add(off, w)?;
+                self.prefault(s, w, false)?;
             }
             // The offset within the page is below PAGE: it fits any usize, and the words
             // `k < words` at byte offset `so` stay within the page.
