@@ -20,7 +20,7 @@ GUEST_TIMEOUT_debug := 1800
 # only=P1+P4, smoke).
 GUEST_TIMEOUT_bench := 1200
 BENCH_ARGS ?=
-SUITES := gmem_layout gmem_devices gmem_driver_abi gmem_fault gmem_region gmem_page_state gmem_sim_pt
+SUITES := gmem_layout gmem_devices gmem_driver_abi gmem_fault gmem_mirror gmem_region gmem_page_state gmem_sim_pt
 USER_BINS := gmem-tests gmem-demo gmem-bench gmemctl
 # Static glibc links of libgmem.a warn that Rust std's getaddrinfo/getpwuid_r would need
 # glibc's shared libraries at run time; libgmem never calls them. Only those lines are hidden.

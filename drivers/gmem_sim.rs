@@ -240,12 +240,26 @@ impl gmem::Driver for SimDev {
     }
 
     fn map(&self, ctx: &SimCtx, ptes: &[Pte]) -> Result {
+        // Leaves first, without the page-table lock (sim_pt.rs); entries of process memory
+        // come under gmem's notifier lock after `map_prepare`, and may not allocate at all.
+        let mut block = None;
+        for p in ptes.iter().filter(|p| !p.sysmem()) {
+            if block != Some(p.va() >> 21) {
+                block = Some(p.va() >> 21);
+                ctx.prepare(p.va(), 1)?;
+            }
+        }
         let mut pt = ctx.pt.lock();
         let before = (pt.valid, pt.huge, pt.splits);
         let r = ptes.iter().try_for_each(|p| self.live().map_one(&mut pt, p));
         // Entries set before a failure stay set: count them either way.
         self.count_ptes(before, (pt.valid, pt.huge, pt.splits));
         r
+    }
+
+    fn map_prepare(&self, ctx: &SimCtx, va: u64, npages: u64) -> Result {
+        self.live();
+        ctx.prepare(va, npages)
     }
 
     fn unmap(&self, ctx: &SimCtx, va: u64, npages: u64) {

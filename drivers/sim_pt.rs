@@ -11,6 +11,13 @@
 //!
 //! Every device access translates and touches memory under `SimCtx::pt`, and `unmap` takes
 //! the same lock: once the core's unmap returns, no access to the old page is in flight.
+//!
+//! Nothing is allocated under `SimCtx::pt`: gmem's MMU notifier unmaps (so takes this lock)
+//! from inside memory reclaim, so an allocation that reclaims under it could wait for
+//! itself. Leaves and directory room are allocated first, without the lock
+//! ([`SimCtx::prepare`]), and installed under it; `set` finds them there (leaves are freed
+//! only with the context). This is also what `map_prepare` is for `GMEM_PTE_SYSMEM` entries,
+//! whose `map` runs under gmem's notifier lock.
 
 use crate::sim_mem::{Mapped, Pool};
 use kernel::{bindings, new_mutex, prelude::*, sync::Mutex};
@@ -160,19 +167,46 @@ impl PageTable {
         }
     }
 
-    /// The leaf of `va`'s block, allocated (empty) if needed.
-    fn leaf_or_new(&mut self, va: u64) -> Result<&mut Leaf> {
-        let block = va >> 21;
-        let i = match self.dir.binary_search_by_key(&block, |e| e.0) {
-            Ok(i) => i,
-            Err(i) => {
-                let ptes = KBox::new([0u64; LEAF], GFP_KERNEL)?;
-                self.dir.reserve(1, GFP_KERNEL)?;
-                self.dir.insert_within_capacity(i, (block, Leaf { ptes, huge: 0 })).map_err(|_| ENOMEM)?;
-                i
+    /// How many of the blocks `first..=last` have no leaf.
+    fn missing(&self, first: u64, last: u64) -> usize {
+        (first..=last).filter(|&b| self.leaf(b).is_none()).count()
+    }
+
+    /// Installs `leaves` for the blocks of `first..=last` that still have none, in
+    /// directory room already reserved (`spare`: a directory with more capacity, used if the
+    /// current one has too little). Allocates nothing; the leaves and the directory not used
+    /// are left in the arguments for the caller to free after the lock. `false` if some
+    /// block is still missing (the room or the leaves ran short: prepare again).
+    fn install(
+        &mut self,
+        first: u64,
+        last: u64,
+        leaves: &mut KVec<KBox<[u64; LEAF]>>,
+        spare: &mut KVec<(u64, Leaf)>,
+    ) -> bool {
+        let need = self.missing(first, last);
+        if self.dir.capacity() - self.dir.len() < need {
+            if spare.capacity() < self.dir.len() + need {
+                return false;
             }
-        };
-        Ok(&mut self.dir[i].1)
+            spare.clear();
+            for e in self.dir.drain_all() {
+                // Within capacity (checked above): no allocation.
+                if spare.push_within_capacity(e).is_err() {
+                    return false;
+                }
+            }
+            core::mem::swap(&mut self.dir, spare);
+        }
+        for block in first..=last {
+            if let Err(i) = self.dir.binary_search_by_key(&block, |e| e.0) {
+                let Some(ptes) = leaves.pop() else { return false };
+                if self.dir.insert_within_capacity(i, (block, Leaf { ptes, huge: 0 })).is_err() {
+                    return false;
+                }
+            }
+        }
+        true
     }
 
     /// Turns a 2 MiB entry into its 512 4 KiB entries (same frames, flags, accessed bit).
@@ -189,10 +223,11 @@ impl PageTable {
         *splits += 1;
     }
 
-    /// Sets one 4 KiB PTE, allocating its leaf if needed (splitting a 2 MiB entry there).
+    /// Sets one 4 KiB PTE (splitting a 2 MiB entry there); `EAGAIN` if its block has no
+    /// leaf yet.
     pub(crate) fn set(&mut self, va: u64, pte: u64) -> Result {
         let (mut valid, mut huge, mut splits) = (self.valid, self.huge, self.splits);
-        let l = self.leaf_or_new(va)?;
+        let l = self.leaf_mut(va).ok_or(EAGAIN)?;
         Self::split(l, &mut valid, &mut huge, &mut splits);
         let slot = &mut l.ptes[((va >> 12) as usize) % LEAF];
         match (*slot & PTE_VALID != 0, pte & PTE_VALID != 0) {
@@ -209,7 +244,7 @@ impl PageTable {
     /// of 512 aligned frames), replacing the block's 4 KiB entries.
     pub(crate) fn set_huge(&mut self, va: u64, pte: u64) -> Result {
         let (mut valid, mut huge) = (self.valid, self.huge);
-        let l = self.leaf_or_new(va)?;
+        let l = self.leaf_mut(va).ok_or(EAGAIN)?;
         for e in l.ptes.iter_mut() {
             if *e & PTE_VALID != 0 {
                 valid -= 1;
@@ -276,7 +311,42 @@ impl SimCtx {
             GFP_KERNEL,
         )
     }
+
+    /// Makes sure every block of the `npages` pages from `va` has its leaf, allocating
+    /// without the page-table lock (see the module documentation).
+    pub(crate) fn prepare(&self, va: u64, npages: u64) -> Result {
+        let end = npages.checked_mul(PAGE).and_then(|b| va.checked_add(b)).ok_or(EINVAL)?;
+        if end <= va {
+            return Ok(());
+        }
+        let (first, last) = (va >> 21, (end - 1) >> 21);
+        // A few rounds at most: only a concurrent `prepare` of other blocks can make the
+        // room measured without the lock fall short.
+        for _ in 0..16 {
+            let (need, len) = {
+                let pt = self.pt.lock();
+                (pt.missing(first, last), pt.dir.len())
+            };
+            if need == 0 {
+                return Ok(());
+            }
+            let mut leaves = KVec::with_capacity(need, GFP_KERNEL)?;
+            for _ in 0..need {
+                leaves.push(KBox::new([0u64; LEAF], GFP_KERNEL)?, GFP_KERNEL)?;
+            }
+            // Room for the directory to grow, with slack so that it is not copied per block.
+            let mut spare = KVec::with_capacity(len + need + len / 2 + 8, GFP_KERNEL)?;
+            let done = self.pt.lock().install(first, last, &mut leaves, &mut spare);
+            // `leaves` and `spare` (maybe the old directory) are freed here, unlocked.
+            if done {
+                return Ok(());
+            }
+        }
+        Err(ENOMEM)
+    }
 }
+
+const PAGE: u64 = 4096;
 
 #[kunit_tests(gmem_sim_pt)]
 mod tests {
@@ -293,6 +363,9 @@ mod tests {
     #[test]
     fn set_lookup_clear_across_blocks() {
         let ctx = SimCtx::new().expect("ctx");
+        // Without a leaf, `set` asks for `prepare` (it allocates nothing itself).
+        assert_eq!(ctx.pt.lock().set(0x20_0000, encode(Target::Frame(1), true)), Err(EAGAIN));
+        ctx.prepare(0, 0x60_0000 >> 12).expect("prepare");
         let mut pt = ctx.pt.lock();
         pt.set(0x20_0000, encode(Target::Frame(1), true)).expect("set");
         pt.set(0x1000, encode(Target::Frame(2), false)).expect("set");
@@ -312,8 +385,31 @@ mod tests {
     }
 
     #[test]
+    fn prepare_installs_leaves_without_allocating_under_the_lock() {
+        let ctx = SimCtx::new().expect("ctx");
+        // Blocks in two batches, the second interleaved with the first, so that the
+        // directory grows (into the spare one) and keeps its order.
+        for b in Iterator::chain((0..40u64).step_by(2), (1..40).step_by(2)) {
+            ctx.prepare(b << 21, 1).expect("prepare");
+        }
+        ctx.prepare(0, 40 * 512).expect("prepare again: nothing missing");
+        let mut pt = ctx.pt.lock();
+        assert_eq!(pt.dir.len(), 40);
+        assert!(pt.dir.windows(2).all(|w| w[0].0 < w[1].0));
+        for b in 0..40u64 {
+            pt.set((b << 21) + 0x3000, encode(Target::Frame(b), true)).expect("set");
+        }
+        assert_eq!(pt.valid, 40);
+        assert_eq!(decode(pt.lookup((7 << 21) + 0x3000)), Some((Target::Frame(7), true)));
+        drop(pt);
+        // A range that wraps is refused.
+        assert_eq!(ctx.prepare(u64::MAX - 0xfff, 2), Err(EINVAL));
+    }
+
+    #[test]
     fn huge_entries_translate_split_and_clear() {
         let ctx = SimCtx::new().expect("ctx");
+        ctx.prepare(0x1f_f000, 0x42_0000 >> 12).expect("prepare");
         let mut pt = ctx.pt.lock();
         // Two 4 KiB entries in the block are replaced by the 2 MiB one.
         pt.set(0x20_0000, encode(Target::Frame(9), true)).expect("set");

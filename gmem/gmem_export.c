@@ -179,5 +179,6 @@ const unsigned long gmem_c_abi_layout[] = {
 	offsetof(struct gmem_pte, flags),
 	offsetof(struct gmem_dev_ops, copy_async),
 	offsetof(struct gmem_dev_props, nr_channels),
+	offsetof(struct gmem_dev_ops, map_prepare),
 };
 const unsigned long gmem_c_abi_layout_len = ARRAY_SIZE(gmem_c_abi_layout);

@@ -54,12 +54,14 @@ mod mech {
     pub(crate) mod moves;
     pub(crate) mod prefetch;
     pub(crate) mod readahead;
+    pub(crate) mod sysmem;
     pub(crate) mod teardown;
 }
 
 /// The block executor.
 mod exec {
     pub(crate) mod migrate;
+    pub(crate) mod mirror;
     pub(crate) mod multipath;
 }
 
@@ -71,6 +73,7 @@ mod obj {
     pub(crate) mod fence;
     pub(crate) mod host_page;
     pub(crate) mod meta;
+    pub(crate) mod mirror;
     pub(crate) mod pin_quota;
     pub(crate) mod region;
     pub(crate) mod sched;

@@ -424,6 +424,27 @@ def markdown(d):
         L.append("")
         L.append(f"Speed-up of two paths over one (per repetition, paired): **{st(p8.get('speedup'))}**.")
         L.append("")
+    p9 = section(L, d, "p9", "Ordinary process memory on the device (P9)")
+    if p9 and p9.get("malloc_read"):
+        L.append(f"{f((p9.get('bytes') or 0) / 2**20)} MiB on sim0, device faults only (no link model). "
+                 "`malloc`: a `Vec` of the benchmark process, which gmem mirrors (the device maps the "
+                 "process's own pages remotely, no copy; the run checks that the copy engine moved nothing). "
+                 "Region: a GMEM region, whose pages migrate to the device. Reads: CHECKSUM of CPU-written "
+                 "data; writes: FILL of untouched memory. Data checked every run.")
+        L.append("")
+        rows = []
+        for key, name in (("region_read", "GMEM region, read"), ("malloc_read", "malloc'd, read"),
+                          ("region_write", "GMEM region, write"), ("malloc_write", "malloc'd, write")):
+            r = p9.get(key) or {}
+            rows.append([name, st(r.get("time_s"), 3, 1e3), st(r.get("bw_mbs")), st(r.get("ns_per_page"), 0),
+                         st(r.get("batches"), 0)])
+        L.append(table(["", "time ms", "MB/s", "ns per page", "fault batches"], rows))
+        L.append("")
+        L.append(f"Time on the region / time on malloc'd memory: reads **{f(p9.get('ratio_read'))}**, "
+                 f"writes **{f(p9.get('ratio_write'))}** (above 1: malloc'd memory is faster). "
+                 "Migration of malloc'd memory to the device is not built yet, so only the remote-mapping "
+                 "side is measured.")
+        L.append("")
     errs = d.get("errors") or []
     L.append("## Errors")
     L.append("")

@@ -114,6 +114,7 @@ fn show_device(d: &Device, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         g(&s.map_2m)
     )?;
     writeln!(f, "  locks: pool={}", g(&s.pool_locks))?;
+    writeln!(f, "  mirror: faults={} mapped={}", g(&s.mirror_faults), g(&s.mirror_mapped))?;
     let l = d.links();
     writeln!(
         f,
@@ -229,14 +230,21 @@ fn show_spaces(_: &(), f: &mut fmt::Formatter<'_>) -> fmt::Result {
             write!(f, " dev{}={}", d, n)?;
         }
         let per_page_x100 = (c.metadata * 100).checked_div(c.pages).unwrap_or(0);
+        // Copied out first: nothing is formatted under the mirror lock.
+        let (mapped, invalidations) = {
+            let m = s.mirror.lock();
+            (m.mapped, m.invalidations)
+        };
         writeln!(
             f,
-            " pinned={} duplicated={} metadata_bytes={} bytes_per_page={}.{:02}",
+            " pinned={} duplicated={} metadata_bytes={} bytes_per_page={}.{:02} mirror_mapped={} mirror_invalidations={}",
             c.pinned,
             c.duplicated,
             c.metadata,
             per_page_x100 / 100,
-            per_page_x100 % 100
+            per_page_x100 % 100,
+            mapped,
+            invalidations
         )?;
     }
     Ok(())

@@ -8,7 +8,7 @@
 
 use crate::exec::migrate::{self, Env};
 use crate::mech::evict::{self, Why};
-use crate::mech::{prefetch, readahead};
+use crate::mech::{prefetch, readahead, sysmem};
 use crate::obj::device::{DevStats, Device};
 use crate::obj::region::{adv, block_base, Pages, Region, ADVICE_RUNS};
 use crate::obj::space::{Space, Thrash};
@@ -122,6 +122,9 @@ pub(crate) fn device_fault(dev: &Arc<Device>, space: &Space, addrs: &[u64], writ
     // crosses into another region.
     let mut cur: Option<(Arc<Region>, Option<&kernel::mm::virt::VmaRef>)> = None;
     let mut idx: KVec<usize> = KVec::with_capacity(migrate::BATCH_PAGES, GFP_KERNEL)?;
+    // Addresses in no region: ordinary process memory, served after the regions' pages,
+    // without the mmap lock (mech/sysmem.rs).
+    let mut others: KVec<u64> = KVec::new();
     for block in batch::by_block(addrs) {
         let mut faulted = [0u64; 8];
         let mut rest = block;
@@ -130,7 +133,11 @@ pub(crate) fn device_fault(dev: &Arc<Device>, space: &Space, addrs: &[u64], writ
             let (r, vma) = match cur.take() {
                 Some((r, v)) if r.index(a0).is_some() => (r, v),
                 _ => {
-                    let r = space.region_at(a0).ok_or(EFAULT)?;
+                    let Some(r) = space.region_at(a0) else {
+                        others.push(a0 as u64, GFP_KERNEL)?;
+                        rest = &rest[1..];
+                        continue;
+                    };
                     let v = mmap.vma_lookup(r.start).filter(|v| v.start() == r.start);
                     (r, v)
                 }
@@ -160,7 +167,9 @@ pub(crate) fn device_fault(dev: &Arc<Device>, space: &Space, addrs: &[u64], writ
             }
         }
     }
-    Ok(())
+    drop(mmap);
+    drop(mm);
+    sysmem::device_fault(dev, space, &others, write)
 }
 
 /// Thrashing parameters: UVM's (3 moves within 500 us, pin after 10 throttles, for 300

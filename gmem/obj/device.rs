@@ -61,6 +61,9 @@ pub(crate) trait DeviceOps: Send + Sync {
     fn ctx_destroy(&self, ctx: Ctx);
     /// Installs page-table entries.
     fn map(&self, ctx: Ctx, ptes: &[GmemPte]) -> Result;
+    /// Prepares an allocation-free `map` of `GMEM_PTE_SYSMEM` entries in the range;
+    /// `EFAULT` if the driver cannot map process memory.
+    fn map_prepare(&self, ctx: Ctx, va: u64, npages: u64) -> Result;
     /// Removes the entries of `npages` pages from `va`.
     fn unmap(&self, ctx: Ctx, va: u64, npages: u64);
     /// Flushes device TLBs for the range.
@@ -188,6 +191,12 @@ impl DeviceOps for CDriver {
         to_result(unsafe { f(self.drv, ctx.0, ptes.as_ptr(), n) })
     }
 
+    fn map_prepare(&self, ctx: Ctx, va: u64, npages: u64) -> Result {
+        let f = self.ops().map_prepare.ok_or(EFAULT)?;
+        // SAFETY: optional callback present; `ctx` is a live context of this driver.
+        to_result(unsafe { f(self.drv, ctx.0, va, npages) })
+    }
+
     fn unmap(&self, ctx: Ctx, va: u64, npages: u64) {
         if let Some(f) = self.ops().unmap {
             // SAFETY: mandatory callback with a context of this driver.
@@ -251,6 +260,10 @@ impl DeviceOps for CDriver {
 /// Per-device counters (debugfs `gmem/devices`).
 #[derive(Default)]
 pub(crate) struct DevStats {
+    /// Device faults on ordinary process memory (addresses) and the pages of it mapped
+    /// (fault-around included): obj/mirror.rs.
+    pub(crate) mirror_faults: AtomicU64,
+    pub(crate) mirror_mapped: AtomicU64,
     pub(crate) fault_batches: AtomicU64,
     pub(crate) faults: AtomicU64,
     pub(crate) pages_h2d: AtomicU64,
@@ -535,6 +548,11 @@ impl Device {
     /// The driver takes 2 MiB entries (`GMEM_DEV_CAP_MAP_2M`).
     pub(crate) fn maps_2m(&self) -> bool {
         self.drv.maps_2m()
+    }
+
+    /// The driver can map ordinary process memory (it has `map_prepare`).
+    pub(crate) fn maps_sysmem(&self) -> bool {
+        self.drv.ops().map_prepare.is_some()
     }
 
     pub(crate) fn same_driver(&self, other: &Device) -> bool {

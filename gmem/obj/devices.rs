@@ -128,6 +128,7 @@ mod tests {
         frame_page: None,
         test_clear_accessed: None,
         copy_async: None,
+        map_prepare: None,
     };
 
     #[test]
@@ -216,6 +217,7 @@ mod tests {
             frame_page: None,
             test_clear_accessed: None,
             copy_async: None,
+            map_prepare: None,
         };
         let mut p = props(1);
         // Capabilities: unknown bits are refused; so are copy channels without `copy_async`

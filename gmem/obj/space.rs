@@ -5,10 +5,12 @@
 //! attached to one space at once.
 //!
 //! Lock order: `SPACES` and the maple tree's internal lock are leaves; `Space::ctxs` and
-//! `Space::thrash` are taken under a block lock (see Documentation/design.rst).
+//! `Space::thrash` are taken under a block lock (see Documentation/design.rst);
+//! `Space::mirror` is taken by MMU-notifier callbacks (see obj/mirror.rs).
 
 use crate::obj::device::{Ctx, Device};
 use crate::obj::devices::MAX_DEVICES;
+use crate::obj::mirror::{MirrorState, Notifier};
 use crate::obj::region::Region;
 use crate::policy::thrash::{RecentMoves, ThrashTable};
 use core::sync::atomic::{AtomicU64, Ordering};
@@ -17,7 +19,7 @@ use kernel::{
     mm::{Mm, MmWithUser},
     new_mutex,
     prelude::*,
-    sync::{aref::ARef, global_lock, Arc, Mutex},
+    sync::{aref::ARef, global_lock, Arc, Mutex, SetOnce},
 };
 
 extern "C" {
@@ -61,6 +63,15 @@ pub(crate) struct Space {
     /// `mmput` (and `exit_mmap`) happens and later chunks fail. Taken with nothing held.
     #[pin]
     pub(crate) fence_lock: Mutex<()>,
+    /// What devices map of the process's ordinary memory (obj/mirror.rs).
+    #[pin]
+    pub(crate) mirror: Mutex<MirrorState>,
+    /// The MMU interval notifier that keeps `mirror` coherent: registered on the first
+    /// device fault outside the regions (under `mirror_init`), removed first thing when the
+    /// space is dropped.
+    notifier: SetOnce<Notifier>,
+    #[pin]
+    mirror_init: Mutex<()>,
     pub(crate) stats: SpaceStats,
 }
 
@@ -124,6 +135,9 @@ pub(crate) fn open(mm: &Mm) -> Result<Arc<Space>> {
             ctxs <- new_mutex!([const { None }; MAX_DEVICES], "gmem_space_ctxs"),
             thrash <- new_mutex!(Thrash { recent: RecentMoves::new(), table: ThrashTable::new() }, "gmem_space_thrash"),
             fence_lock <- new_mutex!((), "gmem_space_fences"),
+            mirror <- new_mutex!(MirrorState::new(), "gmem_mirror"),
+            notifier: SetOnce::new(),
+            mirror_init <- new_mutex!((), "gmem_mirror_init"),
             stats: SpaceStats::default(),
         }),
         GFP_KERNEL,
@@ -237,6 +251,23 @@ impl Space {
         Ok(c)
     }
 
+    /// The space's MMU interval notifier, registered on first use. Call with no lock held
+    /// (registration takes the mmap lock).
+    pub(crate) fn notifier(&self) -> Result<&Notifier> {
+        if let Some(n) = self.notifier.as_ref() {
+            return Ok(n);
+        }
+        let _g = self.mirror_init.lock();
+        if self.notifier.as_ref().is_none() {
+            // SAFETY: `self` is pinned (spaces live in `Arc`s) and outlives the notifier,
+            // which `PinnedDrop` removes before anything else of the space goes.
+            let n = unsafe { Notifier::new(&self.mm, core::ptr::from_ref(self).cast()) }?;
+            // Only this thread populates (under `mirror_init`), so this succeeds.
+            let _ = self.notifier.populate(n);
+        }
+        self.notifier.as_ref().ok_or(ENOMEM)
+    }
+
     /// The context of `dev` if one exists (no creation).
     pub(crate) fn ctx_if_any(&self, dev: &Device) -> Option<Ctx> {
         let ctxs = self.ctxs.lock();
@@ -258,6 +289,11 @@ impl Space {
 #[pinned_drop]
 impl PinnedDrop for Space {
     fn drop(self: Pin<&mut Self>) {
+        // First: after this no invalidate callback runs, so none can reach the contexts
+        // released below (nor the space itself).
+        if let Some(n) = self.notifier.as_ref() {
+            n.remove();
+        }
         let mut ctxs = self.ctxs.lock();
         for slot in ctxs.iter_mut() {
             if let Some((d, _)) = slot.take() {

@@ -32,11 +32,12 @@
  *
  * 2: the ops gained @test_clear_accessed; 3: 2 MiB device mappings (&gmem_pte.flags,
  * &gmem_dev_props.caps); 4: asynchronous copies (&gmem_dev_ops.copy_async,
- * &gmem_dev_props.nr_channels, gmem_fence_signal()). &struct gmem_dev_ops has no size
+ * &gmem_dev_props.nr_channels, gmem_fence_signal()); 5: process memory outside GMEM
+ * regions (&gmem_dev_ops.map_prepare, %GMEM_PTE_SYSMEM). &struct gmem_dev_ops has no size
  * field: the version stands for its length, so any growth of the table bumps it.
  * Registration refuses other versions.
  */
-#define GMEM_DRIVER_ABI_VERSION 4
+#define GMEM_DRIVER_ABI_VERSION 5
 
 struct page;
 struct gmem_dev;
@@ -72,6 +73,20 @@ struct gmem_fence;
 #define GMEM_PTE_2M		1u
 
 /**
+ * define GMEM_PTE_SYSMEM - &gmem_pte.flags: @host is a page of ordinary process memory
+ *
+ * The page belongs to an anonymous or file mapping of the process, not to a GMEM region:
+ * the kernel may free, migrate or swap it at any time, and gmem's MMU notifier unmaps the
+ * entry (@unmap, @tlb_invalidate) before it does. So gmem calls @map with such entries
+ * under a lock that this notifier takes, and the notifier can run inside memory reclaim:
+ * @map must not allocate memory that may reclaim for them. If it needs memory it returns
+ * -EAGAIN (entries it installed before may stay), and gmem calls
+ * &gmem_dev_ops.map_prepare for the range without the lock and tries again. Only sent to
+ * a device that has @map_prepare.
+ */
+#define GMEM_PTE_SYSMEM		2u
+
+/**
  * struct gmem_pte - one device page-table entry to install
  * @va: device virtual address (the process's address), page aligned; 2 MiB aligned with
  *      %GMEM_PTE_2M
@@ -80,7 +95,7 @@ struct gmem_fence;
  * @host: if non-NULL, map this host page remotely (over the link, no migration) and
  *        ignore @frame; it stays allocated until an unmap of @va returned
  * @prot: %GMEM_PROT_READ, or %GMEM_PROT_READ | %GMEM_PROT_WRITE
- * @flags: 0, or %GMEM_PTE_2M (was padding before ABI 3)
+ * @flags: 0, %GMEM_PTE_2M (was padding before ABI 3), or %GMEM_PTE_SYSMEM with @host
  *
  * With %GMEM_PTE_2M the entry maps the 2 MiB at @va to frames @frame .. @frame + 511,
  * all with @prot, @host NULL, replacing whatever 4 KiB entries the range had. The core
@@ -140,8 +155,9 @@ struct gmem_copy {
  *	the same target and more rights, or 4 KiB entries by a 2 MiB entry over the same
  *	frames (gmem unmaps before it points an address elsewhere). A 4 KiB entry inside a
  *	2 MiB one splits the 2 MiB entry first. Must not fail for valid input except with
- *	-ENOMEM; entries installed before a failure may stay (gmem unmaps them like any
- *	other when the page moves).
+ *	-ENOMEM (-EAGAIN for %GMEM_PTE_SYSMEM entries); entries installed before a failure
+ *	may stay (gmem unmaps them like any other when the page moves). A call carries
+ *	either only %GMEM_PTE_SYSMEM entries or none.
  * @unmap: remove the entries of [@va, @va + @npages * 4K) in @ctx; missing ones are
  *	ignored. A 2 MiB entry the range covers only in part is split (the pages outside
  *	stay mapped, same frames and protection). Cannot fail, so a driver that maps 2 MiB
@@ -153,6 +169,12 @@ struct gmem_copy {
  *	destination on return 0. On error the migration is abandoned (the source stays
  *	valid) and the errno propagated. Used when the device declared no channel, and
  *	for a batch that comes to a single copy (nothing to overlap).
+ * @map_prepare: optional: get ready, with memory reclaim allowed, for a @map of
+ *	%GMEM_PTE_SYSMEM entries in [@va, @va + @npages * 4K) that allocates nothing (say,
+ *	allocate the page-table levels of the range). 0 or -ENOMEM. What it prepared may be
+ *	used up or freed again by any later @map or @unmap: gmem calls it again when @map
+ *	answers -EAGAIN. A device without it is not offered process memory outside GMEM
+ *	regions (gmem_dev_fault() fails such addresses with -EFAULT).
  * @copy_async: optional: start the same copy on copy channel @chan (0 ..
  *	&gmem_dev_props.nr_channels - 1) and return at once. Return 0 if the driver took
  *	the copy: it then calls gmem_fence_signal(@fence, err) exactly once, from any
@@ -173,8 +195,8 @@ struct gmem_copy {
  * Every callback gets the @drv of &struct gmem_dev_props first. Every callback may sleep,
  * is never called with a spinlock held, may run concurrently with any other (for other
  * pages, spaces and devices) and from any task, and must not call into gmem (but for
- * gmem_fence_signal()). All but @frame_page, @test_clear_accessed and @copy_async are
- * mandatory.
+ * gmem_fence_signal()). All but @frame_page, @test_clear_accessed, @copy_async and
+ * @map_prepare are mandatory.
  */
 struct gmem_dev_ops {
 	int (*ctx_create)(void *drv, void **ctx);
@@ -187,6 +209,7 @@ struct gmem_dev_ops {
 	int (*test_clear_accessed)(void *drv, void *ctx, __u64 va);
 	int (*copy_async)(void *drv, __u32 chan, __u32 dir, const struct gmem_copy *c, __u32 n,
 			  void *peer_drv, struct gmem_fence *fence);
+	int (*map_prepare)(void *drv, void *ctx, __u64 va, __u64 npages);
 };
 
 /**
@@ -305,15 +328,22 @@ void *gmem_space_ctx(struct gmem_dev *dev, struct gmem_space *space);
  * @access: %GMEM_ACCESS_READ and/or %GMEM_ACCESS_WRITE, for the whole batch
  *
  * Migrates or maps every page named so that, on return 0, each is mapped in the device's
- * context for @space with at least the access asked for. Concurrent CPU faults, other
+ * context for @space with at least the access asked for. An address outside the GMEM regions
+ * of @space is served from the process's own mappings (anonymous memory, stack, private
+ * or shared file mappings): its host page is faulted in as a CPU access would, and mapped
+ * remotely (%GMEM_PTE_SYSMEM) until the kernel changes or frees it; only for a device
+ * with &gmem_dev_ops.map_prepare. Concurrent CPU faults, other
  * devices, advice or eviction may revoke a mapping again before the device retries, so
  * the device must be able to fault again (replay).
  *
  * Context: process context, may sleep (it may evict other pages, in the calling task);
  * not from a callback, nor with the space's mmap lock or a lock a callback takes held.
  * Return: 0, or (the device must fail the kernel that faulted):
- * -EFAULT an address is not in a GMEM region of @space, the region was torn down
- * concurrently, or the process is exiting;
+ * -EFAULT an address is neither in a GMEM region of @space nor in a readable mapping of
+ * the process that gmem can mirror (not VM_IO/VM_PFNMAP/VM_MIXEDMAP), the device has no
+ * @map_prepare for one outside the regions, the region was torn down concurrently, or
+ * the process is exiting;
+ * -EPERM a write to process memory the process may only read (outside GMEM regions);
  * -ENODEV the device, or a device a page must be copied from or to, is unregistering;
  * -EBUSY the page is pinned on another device;
  * -ENOMEM no device frame could be freed (all pinned, eviction failed, or 32

@@ -116,8 +116,9 @@ pub enum Target {
 ///
 /// # Invariants
 /// The flags hold no unknown bit; a `GMEM_PTE_2M` entry has no host page, a 2 MiB-aligned
-/// address and a frame that is a multiple of 512 (checked by the `map` trampoline before
-/// the driver sees the entry).
+/// address and a frame that is a multiple of 512; a `GMEM_PTE_SYSMEM` entry has a host page
+/// and is not `GMEM_PTE_2M` (checked by the `map` trampoline before the driver sees the
+/// entry).
 #[repr(transparent)]
 pub struct Pte(GmemPte);
 
@@ -141,9 +142,19 @@ impl Pte {
         }
     }
 
+    /// Whether the entry maps ordinary process memory (`GMEM_PTE_SYSMEM`): `map` is then
+    /// called under gmem's MMU-notifier lock, which memory reclaim takes, and must not
+    /// allocate with reclaim; it returns `EAGAIN` instead (see [`Driver::map_prepare`]).
+    pub fn sysmem(&self) -> bool {
+        self.0.flags & GMEM_PTE_SYSMEM != 0
+    }
+
     /// Whether the raw entry keeps the invariants above.
     fn valid(p: &GmemPte) -> bool {
-        if p.flags & !GMEM_PTE_2M != 0 {
+        if p.flags & !(GMEM_PTE_2M | GMEM_PTE_SYSMEM) != 0 {
+            return false;
+        }
+        if p.flags & GMEM_PTE_SYSMEM != 0 && (p.host.is_null() || p.flags & GMEM_PTE_2M != 0) {
             return false;
         }
         p.flags & GMEM_PTE_2M == 0
@@ -288,8 +299,16 @@ pub trait Driver: Send + Sync + Sized + 'static {
 
     /// Installs `ptes` (which replace what their addresses had). May fail only with
     /// `ENOMEM`, or `EINVAL` for an entry the device cannot map; entries installed before
-    /// the failure may stay.
+    /// the failure may stay. A call whose entries are [`Pte::sysmem`] must not allocate
+    /// memory that may reclaim: it fails with `EAGAIN` when it would need some.
     fn map(&self, ctx: &Self::Context, ptes: &[Pte]) -> Result;
+
+    /// Optional: makes a later [`Driver::map`] of `sysmem` entries in the `npages` pages
+    /// from `va` allocation-free (allocates what it will need, with reclaim allowed). A
+    /// device without it gets no access to process memory outside GMEM regions.
+    fn map_prepare(&self, _ctx: &Self::Context, _va: u64, _npages: u64) -> Result {
+        build_error!(VTABLE_DEFAULT_ERROR)
+    }
 
     /// Removes the entries of `npages` pages from `va`; unmapped pages are ignored. A 2 MiB
     /// entry the range covers in part is split (the rest stays mapped). Cannot fail.
@@ -353,6 +372,7 @@ impl<T: Driver> Adapter<T> {
         frame_page: if T::HAS_FRAME_PAGE { Some(Self::frame_page) } else { None },
         test_clear_accessed: if T::HAS_TEST_CLEAR_ACCESSED { Some(Self::test_clear_accessed) } else { None },
         copy_async: if T::HAS_COPY_ASYNC { Some(Self::copy_async) } else { None },
+        map_prepare: if T::HAS_MAP_PREPARE { Some(Self::map_prepare) } else { None },
     };
     /// The table as a `'static` reference (the constant is promoted; the compiler checks).
     const OPS_REF: &'static GmemDevOps = &Self::OPS;
@@ -442,6 +462,20 @@ impl<T: Driver> Adapter<T> {
         // SAFETY: gmem passes our `drv` and a live context of ours.
         let (d, c) = unsafe { (Self::data(drv), Self::context(ctx)) };
         match d.map(c, typed) {
+            Ok(()) => 0,
+            Err(e) => e.to_errno(),
+        }
+    }
+
+    /// `gmem_dev_ops.map_prepare` of `T`.
+    ///
+    /// # Safety
+    /// Called by gmem only, as `include/linux/gmem.h` documents: `drv` is a live registration
+    /// of `T`, a context argument is one of its live contexts, arrays hold `n` valid entries.
+    unsafe extern "C" fn map_prepare(drv: *mut c_void, ctx: *mut c_void, va: u64, npages: u64) -> c_int {
+        // SAFETY: gmem passes our `drv` and a live context of ours.
+        let (d, c) = unsafe { (Self::data(drv), Self::context(ctx)) };
+        match d.map_prepare(c, va, npages) {
             Ok(()) => 0,
             Err(e) => e.to_errno(),
         }

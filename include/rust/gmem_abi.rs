@@ -8,7 +8,7 @@
 use kernel::bindings;
 use kernel::ffi::{c_char, c_int, c_void};
 
-pub const GMEM_DRIVER_ABI_VERSION: u32 = 4;
+pub const GMEM_DRIVER_ABI_VERSION: u32 = 5;
 pub const GMEM_ACCESS_READ: u32 = 1;
 pub const GMEM_ACCESS_WRITE: u32 = 2;
 pub const GMEM_PROT_READ: u32 = 1;
@@ -18,6 +18,9 @@ pub const GMEM_COPY_D2H: u32 = 1;
 pub const GMEM_COPY_D2D: u32 = 2;
 pub const GMEM_COPY_ZERO: u32 = 3;
 pub const GMEM_PTE_2M: u32 = 1;
+/// `GMEM_PTE_SYSMEM`: a remote entry of ordinary process memory, mapped under gmem's
+/// MMU-notifier lock (the driver's `map` must not allocate with reclaim for it).
+pub const GMEM_PTE_SYSMEM: u32 = 2;
 pub const GMEM_DEV_CAP_MAP_2M: u32 = 1;
 pub const GMEM_MAX_CHANNELS: u32 = 16;
 
@@ -83,6 +86,7 @@ pub struct GmemDevOps {
             fence: *mut GmemFenceHandle,
         ) -> c_int,
     >,
+    pub map_prepare: Option<unsafe extern "C" fn(drv: *mut c_void, ctx: *mut c_void, va: u64, npages: u64) -> c_int>,
 }
 
 /// `struct gmem_dev_props`.
@@ -98,7 +102,7 @@ pub struct GmemDevProps {
 }
 
 /// Sizes and offsets of the structs above, in the order `gmem_c_abi_layout[]` lists them.
-pub const ABI_LAYOUT: [usize; 14] = [
+pub const ABI_LAYOUT: [usize; 15] = [
     core::mem::size_of::<GmemPte>(),
     core::mem::offset_of!(GmemPte, prot),
     core::mem::size_of::<GmemCopy>(),
@@ -113,4 +117,5 @@ pub const ABI_LAYOUT: [usize; 14] = [
     core::mem::offset_of!(GmemPte, flags),
     core::mem::offset_of!(GmemDevOps, copy_async),
     core::mem::offset_of!(GmemDevProps, nr_channels),
+    core::mem::offset_of!(GmemDevOps, map_prepare),
 ];

@@ -275,6 +275,11 @@ impl Cell {
         self.v.get(k).map_or(Json::Null, |v| stat_json(v))
     }
 
+    /// An object with the stat of each of `keys`.
+    fn stats(&self, keys: &[&str]) -> Json {
+        keys.iter().fold(Json::obj(), |o, k| o.with(k, self.stat(k)))
+    }
+
     fn median(&self, k: &str) -> Option<f64> {
         self.v.get(k).and_then(|v| Stat::of(v)).map(|s| s.median)
     }
@@ -663,15 +668,8 @@ impl Bench {
         let mut out = Json::obj().with("bytes", n).with("link_mbs", mbps).with("paired_baseline_mbs", paired);
         for (k, kind) in kinds.iter().enumerate() {
             let c = &cells[k];
-            out = out.with(
-                kind,
-                Json::obj()
-                    .with("time_s", c.stat("time_s"))
-                    .with("bw_mbs", c.stat("bw_mbs"))
-                    .with("ratio", c.stat("ratio"))
-                    .with("link_bytes_per_page", c.stat("link_bytes_per_page"))
-                    .with("per_migrated_page", c.work_per_page(np)),
-            );
+            let figures = c.stats(&["time_s", "bw_mbs", "ratio", "link_bytes_per_page"]);
+            out = out.with(kind, figures.with("per_migrated_page", c.work_per_page(np)));
         }
         Ok(out)
     }
@@ -752,17 +750,89 @@ impl Bench {
             .with("paired_baseline_mbs", paired)
             .with("speedup", stat_json(&speedup));
         for (k, name) in names.iter().enumerate() {
-            let c = &cells[k];
-            out = out.with(
-                name,
-                Json::obj()
-                    .with("time_s", c.stat("time_s"))
-                    .with("bw_mbs", c.stat("bw_mbs"))
-                    .with("ratio", c.stat("ratio"))
-                    .with("via_peer_share", c.stat("via_peer_share")),
-            );
+            out = out.with(name, cells[k].stats(&["time_s", "bw_mbs", "ratio", "via_peer_share"]));
         }
         Ok(out)
+    }
+
+    /// P9: device faults on ordinary process memory (a `Vec`, i.e. musl `malloc`: gmem
+    /// mirrors it and the device maps the process's pages remotely, zero copy) against
+    /// the same on a GMEM region (the pages migrate to the device). Reads: CHECKSUM of
+    /// CPU-written data; writes: FILL of untouched memory. Paired per repetition.
+    pub fn p9(&mut self) -> R<Json> {
+        let n = self.size;
+        let seed = 0x59;
+        let expect = checksum_of(n / 4, |i| pattern(i, seed));
+        let filled = checksum_of(n / 4, |i| seed.wrapping_add(i as u32));
+        let names = ["region_read", "malloc_read", "region_write", "malloc_write"];
+        let mut cells: Vec<Cell> = names.iter().map(|_| Cell::default()).collect();
+        for rep in 0..self.runs() {
+            progress("P9", rep + 1, self.runs(), "device faults: malloc'd memory vs a GMEM region");
+            let timed = rep >= self.warm;
+            let order: [usize; 4] = if rep % 2 == 0 { [0, 1, 2, 3] } else { [1, 0, 3, 2] };
+            for k in order {
+                sys::restore()?;
+                let copies0 = info(&self.s0).copies;
+                let (t, o) = match k {
+                    0 | 2 => {
+                        let r = t!(self.g.alloc(n as u64));
+                        if k == 0 {
+                            cpu_write(words(&r), seed);
+                        }
+                        let t0 = now();
+                        let o = if k == 0 {
+                            t!(self.s0.checksum(r.addr, n as u64))
+                        } else {
+                            t!(self.s0.fill(r.addr, n as u64, seed))
+                        };
+                        let t = now() - t0;
+                        let sum = if k == 0 { o.result } else { t!(self.s0.checksum(r.addr, n as u64)).result };
+                        ensure!(
+                            sum == if k == 0 { expect } else { filled },
+                            "P9 {}: device checksum mismatch",
+                            names[k]
+                        );
+                        (t, o)
+                    }
+                    _ => {
+                        let mut v: Vec<u32> =
+                            if k == 1 { (0..n / 4).map(|i| pattern(i, seed)).collect() } else { vec![0u32; n / 4] };
+                        let t0 = now();
+                        let o = if k == 1 {
+                            t!(self.s0.checksum(v.as_ptr() as u64, n as u64))
+                        } else {
+                            t!(self.s0.fill(v.as_mut_ptr() as u64, n as u64, seed))
+                        };
+                        let t = now() - t0;
+                        let sum = if k == 1 { o.result } else { checksum_of(n / 4, |i| v[i]) };
+                        ensure!(sum == if k == 1 { expect } else { filled }, "P9 {}: data mismatch", names[k]);
+                        let copied = info(&self.s0).copies - copies0;
+                        ensure!(copied == 0, "P9 {}: {copied} pages went through the copy engine", names[k]);
+                        (t, o)
+                    }
+                };
+                if timed {
+                    let c = &mut cells[k];
+                    c.push("time_s", t);
+                    c.push("bw_mbs", n as f64 / t / 1e6);
+                    c.push("ns_per_page", t * 1e9 / (n / 4096) as f64);
+                    c.push("faults", o.faults as f64);
+                    c.push("batches", o.batches as f64);
+                }
+            }
+        }
+        let mut out = Json::obj().with("bytes", n);
+        for (k, name) in names.iter().enumerate() {
+            out = out.with(name, cells[k].stats(&["time_s", "bw_mbs", "ns_per_page", "faults", "batches"]));
+        }
+        let ratio = |a: usize, b: usize| match (cells[a].median("time_s"), cells[b].median("time_s")) {
+            (Some(x), Some(y)) if y > 0.0 => Json::from(x / y),
+            _ => Json::Null,
+        };
+        Ok(out.with("ratio_read", ratio(0, 1)).with("ratio_write", ratio(2, 3)).with(
+            "what",
+            "ratio: time on a GMEM region / time on malloc'd memory (above 1: malloc'd memory is faster)",
+        ))
     }
 
     /// The modelled host link bandwidth (MB/s) of the link-model runs: a quarter of the

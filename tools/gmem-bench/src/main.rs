@@ -206,6 +206,7 @@ fn run(b: &mut Bench, args: &Args, out: &mut Json, errors: &mut Vec<Json>) -> i3
         ("P6", "p6", Box::new(move |b: &mut Bench| b.p6(if smoke { 64 * 4096 } else { (cap / 4) as usize }))),
         ("P7", "p7", Box::new(move |b: &mut Bench| b.p7(if smoke { 64 * 4096 } else { (cap / 4) as usize }))),
         ("P8", "p8", Box::new(|b: &mut Bench| b.p8())),
+        ("P9", "p9", Box::new(|b: &mut Bench| b.p9())),
     ];
     let mut failed = false;
     for (id, key, f) in jobs {

@@ -25,6 +25,7 @@ mod t_multipath;
 mod t_overcommit;
 mod t_proc;
 mod t_sysfs;
+mod t_sysmem;
 mod t_trace;
 mod t_unplug;
 
@@ -45,6 +46,7 @@ fn all_tests() -> Vec<Test> {
     v.extend(t_chan::tests());
     v.extend(t_ahead::tests());
     v.extend(t_multipath::tests());
+    v.extend(t_sysmem::tests());
     v.extend(t_trace::tests());
     v.extend(t_bad::tests());
     v.extend(t_overcommit::tests());

@@ -106,9 +106,28 @@ fn sim_launch_bad_arguments() -> TestResult {
     expect_errno!(s.checksum(r.addr + 2, 8), libc::EINVAL);
     expect_errno!(s.checksum(r.addr, 6), libc::EINVAL);
     expect_errno!(s.checksum(u64::MAX - 3, 8), libc::EOVERFLOW);
-    // Outside any region: the device kernel fails with the fault's error.
+    // Outside any region and any readable mapping: the device kernel fails with the
+    // fault's error. (Ordinary memory outside the regions is the device's too: t_sysmem.)
     expect_errno!(s.checksum(0x10000, 4096), libc::EFAULT);
-    expect_errno!(s.checksum(r.addr + 15 * 4096, 8192), libc::EFAULT);
+    // A region with a PROT_NONE page right behind it: a range running past its end.
+    // SAFETY: a fresh reservation of 17 pages, then /dev/gmem mapped over its first 16.
+    let (base, region) = unsafe {
+        let base = libc::mmap(
+            std::ptr::null_mut(),
+            17 * 4096,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        ensure!(base != libc::MAP_FAILED, "reservation failed");
+        let fl = libc::MAP_SHARED | libc::MAP_FIXED;
+        (base, libc::mmap(base, 16 * 4096, libc::PROT_READ | libc::PROT_WRITE, fl, g.fd(), 0))
+    };
+    ensure!(region == base, "mmap of /dev/gmem into the reservation failed");
+    expect_errno!(s.checksum(base as u64 + 15 * 4096, 8192), libc::EFAULT);
+    // SAFETY: our own mappings.
+    unsafe { libc::munmap(base, 17 * 4096) };
     let mut l = SimLaunch { argsz: argsz::<SimLaunch>(), kernel: 42, a: r.addr, len: 4096, ..Default::default() };
     expect_errno!(s.launch_raw(&mut l), libc::EINVAL);
     Ok(())

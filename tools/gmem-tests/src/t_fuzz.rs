@@ -1406,6 +1406,14 @@ impl<'p, 's> Worker<'p, 's> {
         if count == u64::MAX && kind != 3 {
             count = 1;
         }
+        // A device kernel reaches whatever the process maps at an address, as the CPU does
+        // (ordinary memory is mirrored). Where a launch may land outside this thread's own
+        // regions (another thread's region freed meanwhile, past an own region's end), it
+        // only reads: a write there would be this process scribbling on its own heap or
+        // stacks, which no test of gmem's can check.
+        let writes =
+            matches!(kernel, K_FILL | K_COPY | K_AXPY) || (kernel == K_TOUCH && flags & libgmem::sim::F_WRITE != 0);
+        let (kernel, flags, b) = if matches!(kind, 1 | 2) && writes { (K_CHECKSUM, 0, 0) } else { (kernel, flags, b) };
         let mut l = SimLaunch {
             argsz: argsz::<SimLaunch>(),
             kernel,

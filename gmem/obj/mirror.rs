@@ -1,0 +1,277 @@
+// SPDX-License-Identifier: GPL-2.0
+//! The mirror of ordinary process memory: what lets a device use an address of the process
+//! that is not in a GMEM region (`malloc`, stack, file mappings). The kernel keeps owning
+//! those pages; a device maps them remotely (`GMEM_PTE_SYSMEM`) only while the CPU page
+//! tables map them the same way. Two objects per space make that hold:
+//!
+//! - [`Notifier`]: an MMU interval notifier over the whole address space (C side
+//!   `gmem/gmem_mirror.c`), created on the first device fault outside the regions. Every
+//!   change the kernel makes to the process's page tables (munmap, mprotect, COW on fork,
+//!   migration, compaction, THP split, swap-out, exit) calls its invalidate callback before
+//!   the old pages can go; [`Notifier::fault`] snapshots pages with `hmm_range_fault`.
+//! - [`MirrorState`] (`Space::mirror`, lock class `gmem_mirror`): which pages devices map,
+//!   per 2 MiB block, and the contexts they are mapped in. The invalidate callback takes it,
+//!   records the new notifier sequence, and unmaps the range on every device
+//!   (`exec/mirror.rs`); a device fault maps a snapshot only under it and only if no
+//!   invalidation started since the snapshot ([`Notifier::lock_current`]). So no device
+//!   entry outlives the CPU mapping it was made from, and every page a device maps stays
+//!   allocated until the device's unmap returned (the driver API's promise for `host`).
+//!
+//! Lock order: `Space::mirror` is taken by the invalidate callback, which memory reclaim
+//! can run: nothing is allocated with reclaim under it (the tree node and the entry array
+//! of a fault are allocated before it is taken, and drivers prepare their page tables
+//! with `map_prepare`), and the only locks taken under it are a device's callback section
+//! (SRCU) and the driver's own page-table locks in `map`/`unmap`. It is never taken under a
+//! block lock, and neither `mmap_lock` nor `hmm_range_fault` is entered with it held.
+
+use crate::obj::device::{Ctx, Device};
+use crate::obj::devices::MAX_DEVICES;
+use core::marker::PhantomData;
+use core::ptr::NonNull;
+use core::sync::atomic::{AtomicPtr, Ordering};
+use kernel::{
+    bindings,
+    ffi::{c_int, c_ulong, c_void},
+    mm::Mm,
+    prelude::*,
+    rbtree::{RBTree, RBTreeNode},
+    sync::{Arc, Mutex, MutexGuard},
+};
+
+/// Pages of one 2 MiB block: the unit of a mirror fault and of the record.
+pub(crate) const BLOCK_PAGES: usize = 512;
+
+extern "C" {
+    fn gmem_mirror_new(mm: *mut c_void, owner: *const c_void) -> *mut c_void;
+    fn gmem_mirror_free(m: *mut c_void);
+    fn gmem_mirror_set_seq(mni: *mut c_void, cur_seq: c_ulong);
+    fn gmem_mirror_retry(m: *mut c_void, seq: c_ulong) -> bool;
+    fn gmem_mirror_fault(
+        m: *mut c_void,
+        start: c_ulong,
+        req: *const u8,
+        npages: c_ulong,
+        pfns: *mut c_ulong,
+        first: *mut c_ulong,
+        count: *mut c_ulong,
+        seq: *mut c_ulong,
+    ) -> c_int;
+    fn gmem_mirror_page(hmm_pfn: c_ulong, writable: *mut bool) -> *mut c_void;
+    fn gmem_mirror_dirty(page: *mut c_void);
+}
+
+/// What a mirror fault asks for one page of a block (`gmem_mirror_fault`'s `req`; 0:
+/// only look).
+pub(crate) const REQ_READ: u8 = 1;
+pub(crate) const REQ_WRITE: u8 = 2;
+
+/// The MMU interval notifier of one space.
+///
+/// # Invariants
+/// `ptr` is null (removed) or a `struct gmem_mirror` from `gmem_mirror_new` that has not
+/// been freed; it is freed exactly once, by [`Notifier::remove`].
+pub(crate) struct Notifier {
+    ptr: AtomicPtr<c_void>,
+}
+
+// SAFETY: the C object is used from any thread; its mutable state is the kernel's
+// (notifier sequence, read under the mirror lock or with `READ_ONCE`).
+unsafe impl Send for Notifier {}
+// SAFETY: as above.
+unsafe impl Sync for Notifier {}
+
+/// A snapshot of one block taken by [`Notifier::fault`]: pages `first .. first + count`
+/// of the block were walked; valid while the notifier sequence `seq` is current.
+pub(crate) struct Snapshot {
+    pub(crate) first: usize,
+    pub(crate) count: usize,
+    seq: c_ulong,
+}
+
+impl Notifier {
+    /// Registers a notifier over all of `mm`'s user addresses, whose invalidations go to
+    /// `owner`'s mirror (`gmem_mirror_invalidate` in exec/mirror.rs).
+    ///
+    /// # Safety
+    /// `owner` must stay valid (and pinned) until [`Notifier::remove`] returned.
+    pub(crate) unsafe fn new(mm: &Mm, owner: *const c_void) -> Result<Notifier> {
+        // SAFETY: `mm` is a live mm (the caller holds a reference); no mmap lock is held.
+        let p = unsafe { gmem_mirror_new(mm.as_raw().cast(), owner) };
+        let p = kernel::error::from_err_ptr(p)?;
+        // INVARIANT: a live object from `gmem_mirror_new`.
+        Ok(Notifier { ptr: AtomicPtr::new(p) })
+    }
+
+    fn raw(&self) -> Result<NonNull<c_void>> {
+        NonNull::new(self.ptr.load(Ordering::Acquire)).ok_or(EFAULT)
+    }
+
+    /// Unregisters and frees the notifier; waits for running invalidations, none runs
+    /// afterwards. Idempotent. May sleep; not under the mirror lock.
+    pub(crate) fn remove(&self) {
+        let p = self.ptr.swap(core::ptr::null_mut(), Ordering::AcqRel);
+        if !p.is_null() {
+            // SAFETY: the one swap that saw it non-null frees it (type invariant).
+            unsafe { gmem_mirror_free(p) };
+        }
+    }
+
+    /// Snapshots the block at `start` (2 MiB aligned): faults in the pages `req` asks for
+    /// (at least one) as a CPU access would, and reads the others that are present, within
+    /// the VMA of the first requested page. Fills `pfns` (HMM pfns, 0 outside the walked
+    /// pages). Takes the mmap lock itself: call with no lock held.
+    pub(crate) fn fault(
+        &self,
+        start: u64,
+        req: &[u8; BLOCK_PAGES],
+        pfns: &mut [c_ulong; BLOCK_PAGES],
+    ) -> Result<Snapshot> {
+        let m = self.raw()?;
+        let start = c_ulong::try_from(start).map_err(|_| EFAULT)?;
+        let (mut first, mut count, mut seq): (c_ulong, c_ulong, c_ulong) = (0, 0, 0);
+        // SAFETY: `m` is live (type invariant; only `remove`, at space teardown, frees it,
+        // and the caller holds the space); the arrays have `BLOCK_PAGES` entries.
+        let r = unsafe {
+            gmem_mirror_fault(
+                m.as_ptr(),
+                start,
+                req.as_ptr(),
+                BLOCK_PAGES as c_ulong,
+                pfns.as_mut_ptr(),
+                &mut first,
+                &mut count,
+                &mut seq,
+            )
+        };
+        kernel::error::to_result(r)?;
+        if first.checked_add(count).is_none_or(|e| e > BLOCK_PAGES) {
+            return Err(EINVAL);
+        }
+        Ok(Snapshot { first, count, seq })
+    }
+
+    /// The mirror lock, if no invalidation started since `snap` was taken; `None` (lock
+    /// released) if the snapshot went stale.
+    pub(crate) fn lock_current<'a>(
+        &self,
+        state: &'a Mutex<MirrorState>,
+        snap: &Snapshot,
+    ) -> Result<Option<MutexGuard<'a, MirrorState>>> {
+        let m = self.raw()?;
+        let g = state.lock();
+        // SAFETY: `m` is live (as in `fault`); called under the lock the invalidate callback
+        // takes before it sets the sequence (mmu_interval_read_retry's rule).
+        let stale = unsafe { gmem_mirror_retry(m.as_ptr(), snap.seq) };
+        Ok((!stale).then_some(g))
+    }
+}
+
+impl Drop for Notifier {
+    fn drop(&mut self) {
+        self.remove();
+    }
+}
+
+/// Records `cur_seq` as the notifier's sequence: the invalidate callback does this under
+/// the mirror lock before it unmaps anything.
+///
+/// # Safety
+/// `mni` must be the notifier the callback was called for, and the mirror lock held.
+pub(crate) unsafe fn set_seq(mni: *mut c_void, cur_seq: c_ulong) {
+    // SAFETY: by the caller's contract.
+    unsafe { gmem_mirror_set_seq(mni, cur_seq) }
+}
+
+/// A page of a snapshot a device may map.
+///
+/// # Invariants
+/// A page mapped by the process at the time of a snapshot whose sequence is still
+/// current: it stays allocated until the next invalidation of its address, which takes the
+/// mirror lock. So it may be used only while that lock is held, and mapped on a device only
+/// if recorded (so that the invalidation unmaps it) under the same hold.
+pub(crate) struct MirrorPage<'g> {
+    pub(crate) page: NonNull<bindings::page>,
+    /// The CPU mapping allows writes.
+    pub(crate) writable: bool,
+    _lock: PhantomData<&'g MirrorState>,
+}
+
+impl<'g> MirrorPage<'g> {
+    /// The page of HMM pfn `pfn` of `snap`, if it names one a device may map (present, not
+    /// an error, not device memory). `state` is the guard from [`Notifier::lock_current`].
+    pub(crate) fn of(_state: &'g MirrorState, pfn: c_ulong) -> Option<MirrorPage<'g>> {
+        let mut writable = false;
+        // SAFETY: decodes bits; the page pointer it returns is live by the guard's validity.
+        let p = unsafe { gmem_mirror_page(pfn, &mut writable) }.cast::<bindings::page>();
+        // INVARIANT: the snapshot is current under the guard `_state` borrows.
+        NonNull::new(p).map(|page| MirrorPage { page, writable, _lock: PhantomData })
+    }
+
+    /// Marks the page dirty: a device is about to get a writable mapping of it, and device
+    /// writes do not set the CPU's dirty bit.
+    pub(crate) fn mark_dirty(&self) {
+        // SAFETY: the page is live and mapped by the process (type invariant).
+        unsafe { gmem_mirror_dirty(self.page.as_ptr().cast()) }
+    }
+}
+
+/// The pages some device maps in one 2 MiB block (bit `k` of word `k / 64`: page `k`).
+pub(crate) type BlockBits = [u64; BLOCK_PAGES / 64];
+
+/// What devices map of the process's ordinary memory (see the module documentation).
+pub(crate) struct MirrorState {
+    /// The context each device's entries are in, by device id (set when the device first
+    /// maps; kept, with the `Arc`, until the space dies). A slot of a device that
+    /// unregistered is only used inside a callback section, which it refuses.
+    pub(crate) devs: [Option<(Arc<Device>, Ctx)>; MAX_DEVICES],
+    /// Pages mapped on some device, by 2 MiB block number: the union over devices (an
+    /// invalidation unmaps the range on every device in `devs`; unmapping what a device
+    /// does not map is harmless).
+    pub(crate) blocks: RBTree<u64, BlockBits>,
+    /// Pages currently recorded as mapped, and invalidations that unmapped something.
+    pub(crate) mapped: u64,
+    pub(crate) invalidations: u64,
+}
+
+impl MirrorState {
+    pub(crate) fn new() -> MirrorState {
+        MirrorState { devs: [const { None }; MAX_DEVICES], blocks: RBTree::new(), mapped: 0, invalidations: 0 }
+    }
+
+    /// Records pages `bits` of block `block` as mapped on `dev` (context `ctx`), using
+    /// `node` if the block had no record yet (no allocation here: this runs under the
+    /// mirror lock).
+    pub(crate) fn record(
+        &mut self,
+        dev: &Arc<Device>,
+        ctx: Ctx,
+        block: u64,
+        bits: &BlockBits,
+        node: &mut Option<RBTreeNode<u64, BlockBits>>,
+    ) -> Result {
+        if let Some(slot) = self.devs.get_mut(dev.id) {
+            if !slot.as_ref().is_some_and(|(d, c)| Arc::ptr_eq(d, dev) && *c == ctx) {
+                *slot = Some((dev.clone(), ctx));
+            }
+        } else {
+            return Err(EINVAL);
+        }
+        let new: u64 = bits.iter().map(|w| u64::from(w.count_ones())).sum();
+        match self.blocks.get_mut(&block) {
+            Some(have) => {
+                let before: u64 = have.iter().map(|w| u64::from(w.count_ones())).sum();
+                for (h, b) in have.iter_mut().zip(bits) {
+                    *h |= b;
+                }
+                let after: u64 = have.iter().map(|w| u64::from(w.count_ones())).sum();
+                self.mapped += after - before;
+            }
+            None => {
+                let n = node.take().ok_or(ENOMEM)?.into_reservation().into_node(block, *bits);
+                drop(self.blocks.insert(n));
+                self.mapped += new;
+            }
+        }
+        Ok(())
+    }
+}
