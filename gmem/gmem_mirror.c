@@ -11,10 +11,14 @@
  *   gmem_mirror_free(); the invalidate callback then runs gmem_mirror_invalidate() with the
  *   @owner given at creation, and never after gmem_mirror_free() returned.
  * - gmem_mirror_fault() walks only a VMA gmem may mirror: readable, not VM_IO, VM_PFNMAP or
- *   VM_MIXEDMAP (GMEM regions are VM_MIXEDMAP; their pages are the core's, never mirrored).
+ *   VM_MIXEDMAP (GMEM regions are VM_MIXEDMAP; their pages are the core's, never mirrored),
+ *   not memfd_secret memory (which get_user_pages refuses too: its pages leave the kernel's
+ *   direct map), and for writes not a shadow stack.
  */
+#include <linux/fs.h>
 #include <linux/hmm.h>
 #include <linux/jiffies.h>
+#include <linux/magic.h>
 #include <linux/mm.h>
 #include <linux/mmu_notifier.h>
 #include <linux/oom.h>
@@ -43,20 +47,26 @@ static const struct mmu_interval_notifier_ops gmem_mirror_ops = {
 	.invalidate = gmem_mirror_cb,
 };
 
-struct gmem_mirror *gmem_mirror_new(struct mm_struct *mm, void *owner);
+struct gmem_mirror *gmem_mirror_new(struct mm_struct *mm, void *owner, unsigned long start,
+				    unsigned long length);
 /*
- * A notifier over all of @mm's user addresses, reporting to @owner. Process context, no
- * mmap lock held (registration takes it). NULL or an ERR_PTR on failure.
+ * A notifier over [@start, @start + @length) of @mm, reporting to @owner. Process
+ * context, no mmap lock held (the first registration on @mm takes it). An ERR_PTR on
+ * failure.
  */
-struct gmem_mirror *gmem_mirror_new(struct mm_struct *mm, void *owner)
+struct gmem_mirror *gmem_mirror_new(struct mm_struct *mm, void *owner, unsigned long start,
+				    unsigned long length)
 {
-	struct gmem_mirror *m = kzalloc(sizeof(*m), GFP_KERNEL_ACCOUNT);
+	struct gmem_mirror *m;
 	int ret;
 
+	if (!length || !PAGE_ALIGNED(start) || !PAGE_ALIGNED(length) || start + length < start)
+		return ERR_PTR(-EINVAL);
+	m = kzalloc(sizeof(*m), GFP_KERNEL_ACCOUNT);
 	if (!m)
 		return ERR_PTR(-ENOMEM);
 	m->owner = owner;
-	ret = mmu_interval_notifier_insert(&m->notifier, mm, 0, TASK_SIZE, &gmem_mirror_ops);
+	ret = mmu_interval_notifier_insert(&m->notifier, mm, start, length, &gmem_mirror_ops);
 	if (ret) {
 		kfree(m);
 		return ERR_PTR(ret);
@@ -88,18 +98,61 @@ bool gmem_mirror_retry(struct gmem_mirror *m, unsigned long seq)
 
 #define GMEM_MIRROR_NOT_MIRRORED (VM_IO | VM_PFNMAP | VM_MIXEDMAP)
 
+/* 0 if gmem may mirror @vma for this access, else the errno of the fault. */
+static int gmem_mirror_check_vma(struct vm_area_struct *vma, bool write)
+{
+	if (!vma || (vma->vm_flags & GMEM_MIRROR_NOT_MIRRORED) || !(vma->vm_flags & VM_READ))
+		return -EFAULT;
+	/* memfd_secret: recognised by its file system (vma_is_secretmem() is not exported). */
+	if (vma->vm_file && file_inode(vma->vm_file)->i_sb->s_magic == SECRETMEM_MAGIC)
+		return -EFAULT;
+	if (write && (vma->vm_flags & VM_SHADOW_STACK))
+		return -EPERM;
+	return 0;
+}
+
+/* hmm_range_fault() of pages [@lo, @hi) of the block at @start, under the mmap lock. */
+static int gmem_mirror_walk(struct hmm_range *range, unsigned long start, unsigned long *pfns,
+			    unsigned long lo, unsigned long hi)
+{
+	range->start = start + (lo << PAGE_SHIFT);
+	range->end = start + (hi << PAGE_SHIFT);
+	range->hmm_pfns = pfns + lo;
+	return hmm_range_fault(range);
+}
+
+int gmem_mirror_check(struct mm_struct *mm, unsigned long addr, bool write);
+/*
+ * 0 if @addr lies in a VMA of @mm that gmem mirrors for this access, else the errno a
+ * fault there gets. Takes the mmap read lock; the caller holds a user reference on @mm.
+ */
+int gmem_mirror_check(struct mm_struct *mm, unsigned long addr, bool write)
+{
+	int ret;
+
+	if (addr >= mm->task_size)
+		return -EFAULT;
+	ret = mmap_read_lock_killable(mm);
+	if (ret)
+		return ret;
+	ret = gmem_mirror_check_vma(vma_lookup(mm, addr), write);
+	mmap_read_unlock(mm);
+	return ret;
+}
+
 int gmem_mirror_fault(struct gmem_mirror *m, unsigned long start, const u8 *req, unsigned long npages,
 		      unsigned long *pfns, unsigned long *first, unsigned long *count, unsigned long *seq);
 /*
  * Snapshots the pages of [@start, @start + @npages pages) that lie in the VMA of the first
- * requested page, faulting in the requested ones as a CPU access would. @req[i] is 0 (look,
- * do not fault), 1 (fault for reading) or 2 (fault for writing); at least one is nonzero.
+ * requested page, faulting in the requested ones (and only those) as a CPU access would. @req[i] is 0 (look,
+ * do not fault), 1 (fault for reading), 2 (fault for writing) or 3 (look, but start the walk
+ * here if it is the first nonzero one); at least one is nonzero.
  * On 0, pages [@first, @first + @count) of the range were walked: @pfns[i] holds their
  * HMM pfns (see gmem_mirror_page()), the others 0, and @seq the notifier sequence that a
  * later gmem_mirror_retry() validates. No mmap lock held on entry or return.
  *
  * Errors: -EFAULT no VMA, one gmem does not mirror, or the address space is going away;
- * -EPERM a write to a read-only mapping; -EBUSY invalidations kept racing for a second;
+ * -EPERM a write to a read-only mapping or a shadow stack; -EBUSY invalidations kept racing for a second;
  * -EINTR a fatal signal; -ENOMEM.
  */
 int gmem_mirror_fault(struct gmem_mirror *m, unsigned long start, const u8 *req, unsigned long npages,
@@ -108,6 +161,7 @@ int gmem_mirror_fault(struct gmem_mirror *m, unsigned long start, const u8 *req,
 	struct mm_struct *mm = m->notifier.mm;
 	unsigned long deadline = jiffies + msecs_to_jiffies(HMM_RANGE_DEFAULT_TIMEOUT);
 	unsigned long i, lo, hi, want;
+	bool write = false;
 	struct vm_area_struct *vma;
 	struct hmm_range range = {
 		.notifier = &m->notifier,
@@ -119,9 +173,14 @@ int gmem_mirror_fault(struct gmem_mirror *m, unsigned long start, const u8 *req,
 		;
 	if (want == npages || !PAGE_ALIGNED(start))
 		return -EINVAL;
-	/* Above user space: no VMA there, whatever the range. */
-	if (start >= TASK_SIZE || (TASK_SIZE - start) >> PAGE_SHIFT < npages)
+	/*
+	 * Above user space: no VMA there, whatever the range. (The mm's own limit: TASK_SIZE
+	 * would be the calling task's, and any task may report a device fault.)
+	 */
+	if (start >= mm->task_size || (mm->task_size - start) >> PAGE_SHIFT < npages)
 		return -EFAULT;
+	for (i = 0; i < npages; i++)
+		write |= req[i] == 2;
 	for (;;) {
 		if (time_after(jiffies, deadline))
 			return -EBUSY;
@@ -134,20 +193,33 @@ int gmem_mirror_fault(struct gmem_mirror *m, unsigned long start, const u8 *req,
 			return -EFAULT;
 		}
 		vma = vma_lookup(mm, start + (want << PAGE_SHIFT));
-		if (!vma || (vma->vm_flags & GMEM_MIRROR_NOT_MIRRORED) || !(vma->vm_flags & VM_READ)) {
+		ret = gmem_mirror_check_vma(vma, write);
+		if (ret) {
 			mmap_read_unlock(mm);
-			return -EFAULT;
+			return ret;
 		}
 		lo = vma->vm_start > start ? (vma->vm_start - start) >> PAGE_SHIFT : 0;
 		hi = min(npages, (vma->vm_end - start) >> PAGE_SHIFT);
+		/* First look at the whole clip, faulting nothing... */
 		memset(pfns, 0, npages * sizeof(*pfns));
-		for (i = lo; i < hi; i++)
-			pfns[i] = !req[i] ? 0 : req[i] == 1 ? HMM_PFN_REQ_FAULT :
-				  HMM_PFN_REQ_FAULT | HMM_PFN_REQ_WRITE;
-		range.start = start + (lo << PAGE_SHIFT);
-		range.end = start + (hi << PAGE_SHIFT);
-		range.hmm_pfns = pfns + lo;
-		ret = hmm_range_fault(&range);
+		ret = gmem_mirror_walk(&range, start, pfns, lo, hi);
+		/*
+		 * ...then fault in each run of requested pages on its own: hmm_range_fault()
+		 * faults every page from the first one that needs it to the end of the range it
+		 * walks, which over the clip would populate pages the device never touched.
+		 */
+		for (i = lo; i < hi && !ret; ) {
+			unsigned long j = i;
+
+			while (j < hi && (req[j] == 1 || req[j] == 2)) {
+				pfns[j] = req[j] == 1 ? HMM_PFN_REQ_FAULT :
+					  HMM_PFN_REQ_FAULT | HMM_PFN_REQ_WRITE;
+				j++;
+			}
+			if (j > i)
+				ret = gmem_mirror_walk(&range, start, pfns, i, j);
+			i = j > i ? j : i + 1;
+		}
 		mmap_read_unlock(mm);
 		if (ret == -EBUSY)
 			continue;

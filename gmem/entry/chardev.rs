@@ -9,6 +9,7 @@
 
 use crate::entry::advise::{self, Advice, Fence};
 use crate::entry::vm_ops;
+use crate::mech::sysmem;
 use crate::obj::devices;
 use crate::obj::region::{adv, Region, PAGE_SIZE};
 use crate::obj::space::{self, Space};
@@ -264,7 +265,13 @@ impl GmemFile {
             return Err(E2BIG);
         }
         let addr = usize::try_from(q.addr).map_err(|_| EINVAL)?;
-        let region = self.space.region_at(addr).ok_or(ENOENT)?;
+        let Some(region) = self.space.region_at(addr) else {
+            // Ordinary process memory (mech/sysmem.rs): no duplicates there.
+            let out = sysmem::query(&self.space, q.addr & !0xfff, q.npages as usize)?;
+            write_states(q.states, &out)?;
+            q.dup_mask = 0;
+            return w.write(&q);
+        };
         let first = region.index(addr).ok_or(ENOENT)?;
         let n = q.npages as usize;
         if first + n > region.npages {
@@ -293,10 +300,15 @@ impl GmemFile {
             }
             i = end;
         }
-        let bytes = n.checked_mul(4).ok_or(EINVAL)?;
-        UserSlice::new(UserPtr::from_addr(q.states as usize), bytes).writer().write_slice(AsBytes::as_bytes(&*out))?;
+        write_states(q.states, &out)?;
         w.write(&q)
     }
+}
+
+/// Copies QUERY's state words out to the user array at `states`.
+fn write_states(states: u64, out: &[u32]) -> Result {
+    let bytes = out.len().checked_mul(4).ok_or(EINVAL)?;
+    UserSlice::new(UserPtr::from_addr(states as usize), bytes).writer().write_slice(AsBytes::as_bytes(out))
 }
 
 #[vtable]

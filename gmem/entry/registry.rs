@@ -11,6 +11,7 @@
 //! 2. Evacuate every page that involves it, in every space, to the host; passes that meet
 //!    errors (host memory short) are retried with backoff, and only the last pass gives up
 //!    on a page, which then becomes *lost* (holds nothing; accesses fail; counted, logged).
+//!    Then unmap its entries of ordinary process memory and forget them (exec/mirror.rs).
 //! 3. `quiesce`: refuse new callback sections, wait for the running ones, destroy every
 //!    context of the device (also those of spaces only a driver still references). An
 //!    asynchronous copy keeps the callback sections of its devices (source and peer) open
@@ -23,6 +24,7 @@
 //! No callback of the device runs after it returns.
 
 use crate::abi::{GmemDevHandle, GmemDevOps, GmemDevProps, GmemSpaceHandle, GMEM_ACCESS_READ, GMEM_ACCESS_WRITE};
+use crate::exec::mirror;
 use crate::mech::{evacuate, fault};
 use crate::obj::device::{CDriver, Device};
 use crate::obj::devices;
@@ -72,6 +74,12 @@ pub(crate) unsafe extern "C" fn gmem_dev_unregister(dev: *mut GmemDevHandle) {
     // The node goes first: no attribute reads a device that is being emptied.
     super::sysfs::remove(dev.id);
     evacuate::evacuate_device(&dev);
+    // Its entries of ordinary process memory (nothing to save: the process owns those
+    // pages) go while the driver still runs, and with them its record in each space.
+    match space::all() {
+        Ok(spaces) => spaces.iter().for_each(|s| mirror::forget_device(&dev, s)),
+        Err(_) => pr_warn!("device {}: out of memory: process-memory entries left to ctx_destroy\n", dev.id),
+    }
     let ctxs = dev.quiesce();
     // No frame is charged any more (evacuated); waits for a running reclaim callback.
     dev.dmem.unregister();

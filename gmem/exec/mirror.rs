@@ -11,13 +11,15 @@
 
 use crate::abi::{GmemPte, GMEM_PROT_READ, GMEM_PROT_WRITE, GMEM_PTE_SYSMEM};
 use crate::obj::device::{Ctx, DevStats, Device, DeviceOps};
-use crate::obj::mirror::{self, BlockBits, MirrorPage, MirrorState, Notifier, Snapshot, BLOCK_PAGES, REQ_WRITE};
+use crate::obj::mirror::{
+    self, count, DevMirror, Mapped, MirrorPage, MirrorState, Notifier, Snapshot, BLOCK_PAGES, REQ_WRITE,
+};
 use crate::obj::region::BLOCK_BYTES;
 use crate::obj::space::Space;
 use kernel::{
     ffi::{c_ulong, c_void},
     prelude::*,
-    rbtree::RBTreeNode,
+    rbtree::{RBTree, RBTreeNode},
     sync::Arc,
 };
 
@@ -34,7 +36,7 @@ pub(crate) fn prepare(dev: &Device, ctx: Ctx, va: u64, npages: usize) -> Result 
 /// maps: writable where the device asked to write (`req`) and the CPU mapping allows it,
 /// else read-only. `ptes` (capacity `BLOCK_PAGES`) and `node` are allocated by the caller.
 /// `Ok(false)` if the snapshot went stale or the driver needs `prepare` again: take a new
-/// one. Returns the pages mapped through `mapped`.
+/// one. `EFAULT` if a page the device asked for is not one it can map (device memory).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn map_snapshot(
     dev: &Arc<Device>,
@@ -46,24 +48,32 @@ pub(crate) fn map_snapshot(
     pfns: &[c_ulong; BLOCK_PAGES],
     req: &[u8; BLOCK_PAGES],
     ptes: &mut KVec<GmemPte>,
-    node: &mut Option<RBTreeNode<u64, BlockBits>>,
+    node: &mut Option<RBTreeNode<u64, Mapped>>,
 ) -> Result<bool> {
     let ops = dev.ops().ok_or(ENODEV)?;
     let Some(mut st) = notifier.lock_current(&space.mirror, snap)? else { return Ok(false) };
     ptes.clear();
-    let mut bits: BlockBits = [0; BLOCK_PAGES / 64];
     let block = base / BLOCK_BYTES as u64;
-    let had = st.blocks.get(&block).copied().unwrap_or([0; BLOCK_PAGES / 64]);
+    let had = st.mapped_on(dev, block);
+    let mut new = Mapped::default();
     for i in snap.first..snap.first + snap.count {
-        // Fault-around never touches a page some device maps already: its entry there may
-        // be writable, and a map may only add rights (the driver API's rule).
-        if req[i] == 0 && had[i / 64] & (1 << (i % 64)) != 0 {
+        let (w, bit) = (i / 64, 1u64 << (i % 64));
+        // A map may only add rights (the driver API's rule): fault-around skips pages this
+        // device maps already, and a read does not remap a page it maps writable (a write
+        // fault of another thread of the device got there first).
+        if (req[i] == 0 && had.pages[w] & bit != 0) || (req[i] != REQ_WRITE && had.writable[w] & bit != 0) {
             continue;
         }
-        let Some(p) = MirrorPage::of(&st, pfns[i]) else { continue };
+        let Some(p) = MirrorPage::of(&st, pfns[i]) else {
+            if req[i] != 0 {
+                return Err(EFAULT);
+            }
+            continue;
+        };
         let write = req[i] == REQ_WRITE && p.writable;
         if write {
             p.mark_dirty();
+            new.writable[w] |= bit;
         }
         let pte = GmemPte {
             va: base + i as u64 * PAGE,
@@ -74,15 +84,19 @@ pub(crate) fn map_snapshot(
         };
         // Within the capacity of `BLOCK_PAGES` the caller gave: no allocation.
         ptes.push_within_capacity(pte).map_err(|_| ENOMEM)?;
-        bits[i / 64] |= 1 << (i % 64);
+        new.pages[w] |= bit;
     }
     if ptes.is_empty() {
         return Ok(true);
     }
     // Recorded before the driver sees them: an entry installed by a `map` that then fails
     // is still unmapped by the next invalidation.
-    st.record(dev, ctx, block, &bits, node)?;
-    match ops.map(ctx, ptes) {
+    let old = st.record(dev, ctx, block, &new, node)?;
+    let r = ops.map(ctx, ptes);
+    drop(st);
+    // The record of an earlier device with this id (it unregistered): dropped unlocked.
+    drop(old);
+    match r {
         Ok(()) => {
             DevStats::add(&dev.stats.mirror_mapped, ptes.len() as u64);
             Ok(true)
@@ -101,13 +115,41 @@ fn pages_in(base: u64, start: u64, end: u64) -> (usize, usize) {
 }
 
 /// Unmaps `[start, end)` on every device that maps process memory of the space, and
-/// forgets it in the record. Runs under the mirror lock, allocates nothing.
-fn unmap_range(st: &mut MirrorState, start: u64, end: u64) {
-    let (first_block, last_block) = (start / BLOCK_BYTES as u64, (end - 1) / BLOCK_BYTES as u64);
+/// forgets it in the record. Runs under the mirror lock, allocates nothing. Returns the
+/// pages unmapped.
+fn unmap_range(st: &mut MirrorState, start: u64, end: u64) -> u64 {
     let mut unmapped = 0u64;
-    let mut cursor = st.blocks.cursor_lower_bound_mut(&first_block);
+    for m in st.devs.iter_mut().flatten() {
+        unmapped += unmap_dev(m, start, end);
+    }
+    st.mapped -= unmapped;
+    st.invalidations += u64::from(unmapped != 0);
+    unmapped
+}
+
+/// [`unmap_range`] for one device's entries.
+fn unmap_dev(m: &mut DevMirror, start: u64, end: u64) -> u64 {
+    // A device that unregistered refuses the section: its entries went with its contexts
+    // (its record is normally gone already, `forget_device`).
+    let ops = m.dev.ops();
+    let ctx = m.ctx;
+    take_runs(&mut m.blocks, start, end, |va, n| {
+        if let Some(ops) = &ops {
+            ops.unmap(ctx, va, n);
+            ops.tlb_invalidate(ctx, va, n);
+        }
+    })
+}
+
+/// Takes the recorded pages of `[start, end)` (`end > start`) out of `blocks`, calling
+/// `f(va, npages)` for each run of consecutive ones, and drops blocks left empty. Returns
+/// how many pages it took. Allocates nothing.
+fn take_runs(blocks: &mut RBTree<u64, Mapped>, start: u64, end: u64, mut f: impl FnMut(u64, u64)) -> u64 {
+    let (first_block, last_block) = (start / BLOCK_BYTES as u64, (end - 1) / BLOCK_BYTES as u64);
+    let mut taken = 0u64;
+    let mut cursor = blocks.cursor_lower_bound_mut(&first_block);
     while let Some(mut c) = cursor {
-        let (&block, bits) = c.current_mut();
+        let (&block, mapped) = c.current_mut();
         if block > last_block {
             break;
         }
@@ -115,26 +157,20 @@ fn unmap_range(st: &mut MirrorState, start: u64, end: u64) {
         let (lo, hi) = pages_in(base, start, end);
         let mut k = lo;
         while k < hi {
-            if bits[k / 64] & (1 << (k % 64)) == 0 {
+            if mapped.pages[k / 64] & (1 << (k % 64)) == 0 {
                 k += 1;
                 continue;
             }
             let run = k;
-            while k < hi && bits[k / 64] & (1 << (k % 64)) != 0 {
-                bits[k / 64] &= !(1 << (k % 64));
+            while k < hi && mapped.pages[k / 64] & (1 << (k % 64)) != 0 {
+                mapped.pages[k / 64] &= !(1 << (k % 64));
+                mapped.writable[k / 64] &= !(1 << (k % 64));
                 k += 1;
             }
-            let (va, n) = (base + run as u64 * PAGE, (k - run) as u64);
-            for (dev, ctx) in st.devs.iter().flatten() {
-                // A device that unregistered refuses the section: its entries went with it.
-                if let Some(ops) = dev.ops() {
-                    ops.unmap(*ctx, va, n);
-                    ops.tlb_invalidate(*ctx, va, n);
-                }
-            }
-            unmapped += n;
+            f(base + run as u64 * PAGE, (k - run) as u64);
+            taken += (k - run) as u64;
         }
-        cursor = if bits.iter().all(|&w| w == 0) {
+        cursor = if count(&mapped.pages) == 0 {
             // Freeing a node is allowed here (no reclaim).
             let (next, node) = c.remove_current();
             drop(node);
@@ -143,8 +179,27 @@ fn unmap_range(st: &mut MirrorState, start: u64, end: u64) {
             c.move_next()
         };
     }
-    st.mapped -= unmapped;
-    st.invalidations += u64::from(unmapped != 0);
+    taken
+}
+
+/// Unregistration of `dev`: removes every mirror entry it has in `space` and forgets its
+/// record there, while the driver still runs (before `Device::quiesce`). Afterwards no
+/// invalidation of the space touches the device, and nothing of it stays recorded (which
+/// would make every non-blocking invalidation of those ranges refuse).
+pub(crate) fn forget_device(dev: &Device, space: &Space) {
+    let gone = {
+        let mut st = space.mirror.lock();
+        let Some(slot) = st.devs.get_mut(dev.id) else { return };
+        if !slot.as_ref().is_some_and(|m| core::ptr::eq(&*m.dev, dev)) {
+            return;
+        }
+        let mut m = slot.take();
+        let n = m.as_mut().map_or(0, |m| unmap_dev(m, 0, u64::MAX));
+        st.mapped -= n;
+        m
+    };
+    // The record (and its `Arc<Device>`) is dropped unlocked.
+    drop(gone);
 }
 
 /// The invalidate callback of a space's notifier (called by `gmem/gmem_mirror.c`): before
@@ -186,18 +241,23 @@ unsafe extern "C" fn gmem_mirror_invalidate(
     true
 }
 
-/// Whether some page of `[start, end)` is recorded as mapped.
+/// Whether some device has a page of `[start, end)` mapped.
 fn any_mapped(st: &mut MirrorState, start: u64, end: u64) -> bool {
+    st.devs.iter_mut().flatten().any(|m| any_in(&mut m.blocks, start, end))
+}
+
+/// Whether `blocks` records a page of `[start, end)` (`end > start`).
+fn any_in(blocks: &mut RBTree<u64, Mapped>, start: u64, end: u64) -> bool {
     let (first_block, last_block) = (start / BLOCK_BYTES as u64, (end - 1) / BLOCK_BYTES as u64);
     // (A mutable cursor: the shared one cannot move.)
-    let mut cursor = st.blocks.cursor_lower_bound_mut(&first_block);
+    let mut cursor = blocks.cursor_lower_bound_mut(&first_block);
     while let Some(c) = cursor {
-        let (&block, bits) = c.current();
+        let (&block, mapped) = c.current();
         if block > last_block {
             return false;
         }
         let (lo, hi) = pages_in(block * BLOCK_BYTES as u64, start, end);
-        if (lo..hi).any(|k| bits[k / 64] & (1 << (k % 64)) != 0) {
+        if (lo..hi).any(|k| mapped.pages[k / 64] & (1 << (k % 64)) != 0) {
             return true;
         }
         cursor = c.move_next();
@@ -209,42 +269,43 @@ fn any_mapped(st: &mut MirrorState, start: u64, end: u64) -> bool {
 mod tests {
     use super::*;
 
-    fn state_with(blocks: &[(u64, BlockBits)]) -> MirrorState {
-        let mut st = MirrorState::new();
-        for &(b, bits) in blocks {
-            let node = RBTreeNode::new(b, bits, GFP_KERNEL).expect("node");
-            drop(st.blocks.insert(node));
-            st.mapped += bits.iter().map(|w| u64::from(w.count_ones())).sum::<u64>();
+    fn blocks_with(blocks: &[u64]) -> RBTree<u64, Mapped> {
+        let mut t = RBTree::new();
+        let all = Mapped { pages: [u64::MAX; BLOCK_PAGES / 64], writable: [u64::MAX; BLOCK_PAGES / 64] };
+        for &b in blocks {
+            drop(t.insert(RBTreeNode::new(b, all, GFP_KERNEL).expect("node")));
         }
-        st
+        t
     }
 
     #[test]
-    fn invalidation_forgets_exactly_its_range() {
-        let all = [u64::MAX; BLOCK_PAGES / 64];
-        let mut st = state_with(&[(3, all), (4, all), (9, all)]);
+    fn invalidation_takes_exactly_its_range() {
+        let mut t = blocks_with(&[3, 4, 9]);
         let b = BLOCK_BYTES as u64;
         // Nothing recorded below block 3 or between 4 and 9.
-        assert!(!any_mapped(&mut st, 0, 3 * b));
-        assert!(!any_mapped(&mut st, 5 * b, 9 * b));
-        assert!(any_mapped(&mut st, 9 * b + 4096 * 511, 9 * b + 4096 * 512));
+        assert!(!any_in(&mut t, 0, 3 * b));
+        assert!(!any_in(&mut t, 5 * b, 9 * b));
+        assert!(any_in(&mut t, 9 * b + 4096 * 511, 9 * b + 4096 * 512));
         // Pages 510..512 of block 3 and 0..2 of block 4: one run each.
-        unmap_range(&mut st, 3 * b + 510 * 4096, 4 * b + 2 * 4096);
-        assert_eq!(st.mapped, 3 * 512 - 4);
-        assert!(!any_mapped(&mut st, 3 * b + 510 * 4096, 4 * b + 2 * 4096));
-        assert!(any_mapped(&mut st, 3 * b + 509 * 4096, 3 * b + 510 * 4096));
-        assert!(any_mapped(&mut st, 4 * b + 2 * 4096, 4 * b + 3 * 4096));
+        let mut runs = KVec::new();
+        let n = take_runs(&mut t, 3 * b + 510 * 4096, 4 * b + 2 * 4096, |va, n| {
+            runs.push((va, n), GFP_KERNEL).expect("push")
+        });
+        assert_eq!(n, 4);
+        assert_eq!(&runs[..], &[(3 * b + 510 * 4096, 2), (4 * b, 2)]);
+        assert!(!any_in(&mut t, 3 * b + 510 * 4096, 4 * b + 2 * 4096));
+        assert!(any_in(&mut t, 3 * b + 509 * 4096, 3 * b + 510 * 4096));
+        assert!(any_in(&mut t, 4 * b + 2 * 4096, 4 * b + 3 * 4096));
+        // The writable bits go with the pages.
+        assert_eq!(t.get(&4).map(|m| m.writable[0] & 3), Some(0));
         // An unaligned end covers its partial page.
-        unmap_range(&mut st, 9 * b, 9 * b + 1);
-        assert!(!any_mapped(&mut st, 9 * b, 9 * b + 4096));
+        assert_eq!(take_runs(&mut t, 9 * b, 9 * b + 1, |_, _| {}), 1);
+        assert!(!any_in(&mut t, 9 * b, 9 * b + 4096));
         // A whole block goes from the record; the others stay.
-        unmap_range(&mut st, 4 * b, 5 * b);
-        assert!(st.blocks.get(&4).is_none());
-        assert!(st.blocks.get(&3).is_some() && st.blocks.get(&9).is_some());
-        assert_eq!(st.mapped, 510 + 511);
-        assert_eq!(st.invalidations, 3);
-        unmap_range(&mut st, 0, u64::MAX);
-        assert!(st.blocks.is_empty());
-        assert_eq!(st.mapped, 0);
+        assert_eq!(take_runs(&mut t, 4 * b, 5 * b, |_, _| {}), 510);
+        assert!(t.get(&4).is_none());
+        assert!(t.get(&3).is_some() && t.get(&9).is_some());
+        assert_eq!(take_runs(&mut t, 0, u64::MAX, |_, _| {}), 510 + 511);
+        assert!(t.is_empty());
     }
 }

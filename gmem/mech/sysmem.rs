@@ -10,11 +10,12 @@
 
 use crate::exec::mirror;
 use crate::obj::device::{DevStats, Device};
-use crate::obj::mirror::{BlockBits, BLOCK_PAGES, REQ_READ, REQ_WRITE};
+use crate::obj::mirror::{Mapped, MirrorPage, Notifier, BLOCK_PAGES, CHUNK_BYTES, REQ_LOOK, REQ_READ, REQ_WRITE};
 use crate::obj::region::{block_base, BLOCK_BYTES};
 use crate::obj::sched;
 use crate::obj::space::Space;
 use crate::policy::batch;
+use crate::policy::page_state::sysmem_query_word;
 use kernel::{ffi::c_ulong, prelude::*, rbtree::RBTreeNode, sync::Arc};
 
 /// Snapshots one block may take before the fault gives up with `EBUSY` (each stale one
@@ -32,15 +33,20 @@ pub(crate) fn device_fault(dev: &Arc<Device>, space: &Space, addrs: &[u64], writ
     DevStats::add(&dev.stats.mirror_faults, addrs.len() as u64);
     // The address space must stay (its page tables are walked); fails once it is exiting.
     let _mm = space.mm_user().ok_or(EFAULT)?;
-    let notifier = space.notifier()?;
     let ctx = space.ctx(dev)?;
     let mut pfns = KBox::new([0 as c_ulong; BLOCK_PAGES], GFP_KERNEL)?;
     let mut req = KBox::new([0u8; BLOCK_PAGES], GFP_KERNEL)?;
     let mut ptes = KVec::with_capacity(BLOCK_PAGES, GFP_KERNEL)?;
-    let mut node: Option<RBTreeNode<u64, BlockBits>> = None;
+    let mut node: Option<RBTreeNode<u64, Mapped>> = None;
+    let mut notifier: Option<(u64, Arc<Notifier>)> = None;
     for block in batch::by_block(addrs) {
         let Some(&a0) = block.first() else { continue };
         let base = block_base(usize::try_from(a0).map_err(|_| EFAULT)?) as u64;
+        // The notifier of the block's chunk (blocks never straddle chunks).
+        let notifier = match notifier.take() {
+            Some((chunk, n)) if chunk == base / CHUNK_BYTES => notifier.insert((chunk, n)).1.clone(),
+            _ => notifier.insert((base / CHUNK_BYTES, space.notifier(a0, write)?)).1.clone(),
+        };
         req.fill(0);
         for &a in block {
             let k = ((a - base) / 4096) as usize;
@@ -62,12 +68,53 @@ pub(crate) fn device_fault(dev: &Arc<Device>, space: &Space, addrs: &[u64], writ
             let snap = notifier.fault(base, &req, &mut pfns)?;
             mirror::prepare(dev, ctx, base + snap.first as u64 * 4096, snap.count)?;
             if node.is_none() {
-                node = Some(RBTreeNode::new(base / BLOCK_BYTES as u64, [0; BLOCK_PAGES / 64], GFP_KERNEL)?);
+                node = Some(RBTreeNode::new(base / BLOCK_BYTES as u64, Mapped::default(), GFP_KERNEL)?);
             }
-            if mirror::map_snapshot(dev, ctx, space, notifier, base, &snap, &pfns, &req, &mut ptes, &mut node)? {
+            if mirror::map_snapshot(dev, ctx, space, &notifier, base, &snap, &pfns, &req, &mut ptes, &mut node)? {
                 req[snap.first..snap.first + snap.count].fill(0);
             }
         }
     }
     Ok(())
+}
+
+/// QUERY of `n` pages from `addr` (page aligned), none of them in a region: one state word
+/// per page (`policy::page_state::sysmem_query_word`): on the host if the process maps a
+/// page there, and whether a device maps it. Nothing is faulted in. `ENOENT` if a page
+/// lies in no mapping gmem mirrors.
+pub(crate) fn query(space: &Space, addr: u64, n: usize) -> Result<KVVec<u32>> {
+    let _mm = space.mm_user().ok_or(ENOENT)?;
+    let mut out = KVVec::with_capacity(n, GFP_KERNEL)?;
+    let mut pfns = KBox::new([0 as c_ulong; BLOCK_PAGES], GFP_KERNEL)?;
+    let mut req = KBox::new([0u8; BLOCK_PAGES], GFP_KERNEL)?;
+    // A range that wraps the address space is in no mapping.
+    let end = (n as u64).checked_mul(4096).and_then(|b| addr.checked_add(b)).ok_or(ENOENT)?;
+    let mut a = addr;
+    while a < end {
+        let base = block_base(usize::try_from(a).map_err(|_| ENOENT)?) as u64;
+        let (k0, k1) = (((a - base) / 4096) as usize, core::cmp::min(BLOCK_PAGES as u64, (end - base) / 4096) as usize);
+        let notifier = space.notifier(a, false).map_err(|e| if e == EFAULT { ENOENT } else { e })?;
+        req.fill(0);
+        req[k0..k1].fill(REQ_LOOK);
+        let mut k = k0;
+        // One walk per VMA the pages lie in.
+        while k < k1 {
+            let snap = notifier.fault(base, &req, &mut pfns).map_err(|e| if e == EFAULT { ENOENT } else { e })?;
+            if k < snap.first || k >= snap.first + snap.count {
+                // The walk (of the VMA of the first page asked for) missed that page.
+                return Err(ENOENT);
+            }
+            let stop = core::cmp::min(k1, snap.first + snap.count);
+            let st = space.mirror.lock();
+            for i in k..stop {
+                let present = MirrorPage::of(&st, pfns[i]).is_some();
+                out.push(sysmem_query_word(present, st.any_maps(base / BLOCK_BYTES as u64, i)), GFP_KERNEL)?;
+            }
+            drop(st);
+            req[k..stop].fill(0);
+            k = stop;
+        }
+        a = base + k1 as u64 * 4096;
+    }
+    Ok(out)
 }

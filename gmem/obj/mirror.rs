@@ -4,25 +4,30 @@
 //! those pages; a device maps them remotely (`GMEM_PTE_SYSMEM`) only while the CPU page
 //! tables map them the same way. Two objects per space make that hold:
 //!
-//! - [`Notifier`]: an MMU interval notifier over the whole address space (C side
-//!   `gmem/gmem_mirror.c`), created on the first device fault outside the regions. Every
-//!   change the kernel makes to the process's page tables (munmap, mprotect, COW on fork,
-//!   migration, compaction, THP split, swap-out, exit) calls its invalidate callback before
-//!   the old pages can go; [`Notifier::fault`] snapshots pages with `hmm_range_fault`.
-//! - [`MirrorState`] (`Space::mirror`, lock class `gmem_mirror`): which pages devices map,
-//!   per 2 MiB block, and the contexts they are mapped in. The invalidate callback takes it,
-//!   records the new notifier sequence, and unmaps the range on every device
-//!   (`exec/mirror.rs`); a device fault maps a snapshot only under it and only if no
+//! - [`Notifier`]s: MMU interval notifiers over the address space in chunks of
+//!   [`CHUNK_BYTES`] (C side `gmem/gmem_mirror.c`), each registered on the first device
+//!   fault in its chunk (`Space::notifier`). Every change the kernel makes to the process's
+//!   page tables (munmap, mprotect, COW on fork, migration, compaction, THP split, swap-out,
+//!   exit) calls the invalidate callback of the chunks it touches before the old pages can
+//!   go; [`Notifier::fault`] snapshots pages with `hmm_range_fault`. Chunks keep the
+//!   sequence a fault validates local: an invalidation elsewhere in the process (another
+//!   thread's munmap, gmem's own CPU-PTE zaps of its regions) does not make it retry.
+//! - [`MirrorState`] (`Space::mirror`, lock class `gmem_mirror`): per device, its context
+//!   and which pages it maps (and which of them writable), per 2 MiB block. The invalidate
+//!   callback takes it, records the new notifier sequence, and unmaps the range on every
+//!   device (`exec/mirror.rs`); a device fault maps a snapshot only under it and only if no
 //!   invalidation started since the snapshot ([`Notifier::lock_current`]). So no device
 //!   entry outlives the CPU mapping it was made from, and every page a device maps stays
 //!   allocated until the device's unmap returned (the driver API's promise for `host`).
 //!
 //! Lock order: `Space::mirror` is taken by the invalidate callback, which memory reclaim
-//! can run: nothing is allocated with reclaim under it (the tree node and the entry array
-//! of a fault are allocated before it is taken, and drivers prepare their page tables
-//! with `map_prepare`), and the only locks taken under it are a device's callback section
-//! (SRCU) and the driver's own page-table locks in `map`/`unmap`. It is never taken under a
-//! block lock, and neither `mmap_lock` nor `hmm_range_fault` is entered with it held.
+//! can run, and which gmem's own CPU-PTE zaps run under a block lock (`Block::pages ->
+//! Space::mirror`). So nothing is allocated with reclaim under it (the tree node and the
+//! entry array of a fault are allocated before it is taken, and drivers prepare their page
+//! tables with `map_prepare`), nothing that ranks with or before `Block::pages` is taken
+//! under it, and the only locks taken under it are a device's callback section (SRCU) and
+//! the driver's own page-table locks in `map`/`unmap`. Neither `mmap_lock` nor
+//! `hmm_range_fault` is entered with it held.
 
 use crate::obj::device::{Ctx, Device};
 use crate::obj::devices::MAX_DEVICES;
@@ -40,11 +45,14 @@ use kernel::{
 
 /// Pages of one 2 MiB block: the unit of a mirror fault and of the record.
 pub(crate) const BLOCK_PAGES: usize = 512;
+/// Bytes of address space one notifier covers (a multiple of 2 MiB).
+pub(crate) const CHUNK_BYTES: u64 = 64 << 20;
 
 extern "C" {
-    fn gmem_mirror_new(mm: *mut c_void, owner: *const c_void) -> *mut c_void;
+    fn gmem_mirror_new(mm: *mut c_void, owner: *const c_void, start: c_ulong, length: c_ulong) -> *mut c_void;
     fn gmem_mirror_free(m: *mut c_void);
     fn gmem_mirror_set_seq(mni: *mut c_void, cur_seq: c_ulong);
+    fn gmem_mirror_check(mm: *mut c_void, addr: c_ulong, write: bool) -> c_int;
     fn gmem_mirror_retry(m: *mut c_void, seq: c_ulong) -> bool;
     fn gmem_mirror_fault(
         m: *mut c_void,
@@ -61,9 +69,11 @@ extern "C" {
 }
 
 /// What a mirror fault asks for one page of a block (`gmem_mirror_fault`'s `req`; 0:
-/// only look).
+/// only look): fault it in for reading or writing, or look at it without faulting but
+/// walk the VMA it is in (a residency query).
 pub(crate) const REQ_READ: u8 = 1;
 pub(crate) const REQ_WRITE: u8 = 2;
+pub(crate) const REQ_LOOK: u8 = 3;
 
 /// The MMU interval notifier of one space.
 ///
@@ -89,14 +99,17 @@ pub(crate) struct Snapshot {
 }
 
 impl Notifier {
-    /// Registers a notifier over all of `mm`'s user addresses, whose invalidations go to
-    /// `owner`'s mirror (`gmem_mirror_invalidate` in exec/mirror.rs).
+    /// Registers a notifier over chunk `chunk` (of [`CHUNK_BYTES`]) of `mm`'s addresses,
+    /// whose invalidations go to `owner`'s mirror (`gmem_mirror_invalidate` in
+    /// exec/mirror.rs).
     ///
     /// # Safety
     /// `owner` must stay valid (and pinned) until [`Notifier::remove`] returned.
-    pub(crate) unsafe fn new(mm: &Mm, owner: *const c_void) -> Result<Notifier> {
+    pub(crate) unsafe fn new(mm: &Mm, owner: *const c_void, chunk: u64) -> Result<Notifier> {
+        let start = chunk.checked_mul(CHUNK_BYTES).and_then(|s| c_ulong::try_from(s).ok()).ok_or(EFAULT)?;
         // SAFETY: `mm` is a live mm (the caller holds a reference); no mmap lock is held.
-        let p = unsafe { gmem_mirror_new(mm.as_raw().cast(), owner) };
+        // The C side refuses a chunk that wraps.
+        let p = unsafe { gmem_mirror_new(mm.as_raw().cast(), owner, start, CHUNK_BYTES as c_ulong) };
         let p = kernel::error::from_err_ptr(p)?;
         // INVARIANT: a live object from `gmem_mirror_new`.
         Ok(Notifier { ptr: AtomicPtr::new(p) })
@@ -172,6 +185,15 @@ impl Drop for Notifier {
     }
 }
 
+/// `Ok` if `addr` lies in a mapping of `mm` that gmem mirrors for this access, else the
+/// errno of a fault there. Takes the mmap read lock: call with no lock held, and with a
+/// user reference on `mm`.
+pub(crate) fn check(mm: &Mm, addr: u64, write: bool) -> Result {
+    let addr = c_ulong::try_from(addr).map_err(|_| EFAULT)?;
+    // SAFETY: `mm` is live and has users (the caller's reference); no lock is held.
+    kernel::error::to_result(unsafe { gmem_mirror_check(mm.as_raw().cast(), addr, write) })
+}
+
 /// Records `cur_seq` as the notifier's sequence: the invalidate callback does this under
 /// the mirror lock before it unmaps anything.
 ///
@@ -215,63 +237,98 @@ impl<'g> MirrorPage<'g> {
     }
 }
 
-/// The pages some device maps in one 2 MiB block (bit `k` of word `k / 64`: page `k`).
+/// Pages of one 2 MiB block, a bit each (bit `k` of word `k / 64`: page `k`).
 pub(crate) type BlockBits = [u64; BLOCK_PAGES / 64];
+
+/// What one device maps of one 2 MiB block.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Mapped {
+    pub(crate) pages: BlockBits,
+    /// The subset mapped writable.
+    pub(crate) writable: BlockBits,
+}
+
+/// Counts the set bits of `b`.
+pub(crate) fn count(b: &BlockBits) -> u64 {
+    b.iter().map(|w| u64::from(w.count_ones())).sum()
+}
+
+/// The mirror entries of one device in one space.
+pub(crate) struct DevMirror {
+    pub(crate) dev: Arc<Device>,
+    /// The context the entries are in. Used only inside a callback section of `dev`, which
+    /// a device that unregistered (and destroyed its contexts) refuses.
+    pub(crate) ctx: Ctx,
+    /// By 2 MiB block number.
+    pub(crate) blocks: RBTree<u64, Mapped>,
+}
 
 /// What devices map of the process's ordinary memory (see the module documentation).
 pub(crate) struct MirrorState {
-    /// The context each device's entries are in, by device id (set when the device first
-    /// maps; kept, with the `Arc`, until the space dies). A slot of a device that
-    /// unregistered is only used inside a callback section, which it refuses.
-    pub(crate) devs: [Option<(Arc<Device>, Ctx)>; MAX_DEVICES],
-    /// Pages mapped on some device, by 2 MiB block number: the union over devices (an
-    /// invalidation unmaps the range on every device in `devs`; unmapping what a device
-    /// does not map is harmless).
-    pub(crate) blocks: RBTree<u64, BlockBits>,
-    /// Pages currently recorded as mapped, and invalidations that unmapped something.
+    /// By device id; a device's slot is taken out when it unregisters
+    /// (`exec::mirror::forget_device`) or replaced when another device with that id maps.
+    pub(crate) devs: [Option<DevMirror>; MAX_DEVICES],
+    /// Pages currently mapped (summed over devices), and invalidations that unmapped some.
     pub(crate) mapped: u64,
     pub(crate) invalidations: u64,
 }
 
 impl MirrorState {
     pub(crate) fn new() -> MirrorState {
-        MirrorState { devs: [const { None }; MAX_DEVICES], blocks: RBTree::new(), mapped: 0, invalidations: 0 }
+        MirrorState { devs: [const { None }; MAX_DEVICES], mapped: 0, invalidations: 0 }
     }
 
-    /// Records pages `bits` of block `block` as mapped on `dev` (context `ctx`), using
-    /// `node` if the block had no record yet (no allocation here: this runs under the
-    /// mirror lock).
+    /// Whether some device maps page `k` of block `block`.
+    pub(crate) fn any_maps(&self, block: u64, k: usize) -> bool {
+        self.devs.iter().flatten().any(|m| m.blocks.get(&block).is_some_and(|b| b.pages[k / 64] & (1 << (k % 64)) != 0))
+    }
+
+    /// What `dev` maps of block `block`.
+    pub(crate) fn mapped_on(&self, dev: &Device, block: u64) -> Mapped {
+        match self.devs.get(dev.id) {
+            Some(Some(m)) if core::ptr::eq(&*m.dev, dev) => m.blocks.get(&block).copied().unwrap_or_default(),
+            _ => Mapped::default(),
+        }
+    }
+
+    /// Records `new` in block `block` as mapped on `dev` (context `ctx`), using `node` if
+    /// the block had no record yet: no allocation here (this runs under the mirror lock).
+    /// Returns the record of an earlier device with the same id (unregistered), for the
+    /// caller to drop after the lock.
     pub(crate) fn record(
         &mut self,
         dev: &Arc<Device>,
         ctx: Ctx,
         block: u64,
-        bits: &BlockBits,
-        node: &mut Option<RBTreeNode<u64, BlockBits>>,
-    ) -> Result {
-        if let Some(slot) = self.devs.get_mut(dev.id) {
-            if !slot.as_ref().is_some_and(|(d, c)| Arc::ptr_eq(d, dev) && *c == ctx) {
-                *slot = Some((dev.clone(), ctx));
+        new: &Mapped,
+        node: &mut Option<RBTreeNode<u64, Mapped>>,
+    ) -> Result<Option<DevMirror>> {
+        let slot = self.devs.get_mut(dev.id).ok_or(EINVAL)?;
+        let mut old = None;
+        if !slot.as_ref().is_some_and(|m| Arc::ptr_eq(&m.dev, dev) && m.ctx == ctx) {
+            old = slot.replace(DevMirror { dev: dev.clone(), ctx, blocks: RBTree::new() });
+            if let Some(o) = &old {
+                self.mapped -= o.blocks.values().map(|m| count(&m.pages)).sum::<u64>();
             }
-        } else {
-            return Err(EINVAL);
         }
-        let new: u64 = bits.iter().map(|w| u64::from(w.count_ones())).sum();
-        match self.blocks.get_mut(&block) {
+        let m = slot.as_mut().ok_or(EINVAL)?;
+        match m.blocks.get_mut(&block) {
             Some(have) => {
-                let before: u64 = have.iter().map(|w| u64::from(w.count_ones())).sum();
-                for (h, b) in have.iter_mut().zip(bits) {
-                    *h |= b;
+                let before = count(&have.pages);
+                for k in 0..BLOCK_PAGES / 64 {
+                    have.pages[k] |= new.pages[k];
+                    // A page mapped again read-only (a read fault after an invalidation)
+                    // is no longer writable; one mapped writable is.
+                    have.writable[k] = (have.writable[k] & !new.pages[k]) | new.writable[k];
                 }
-                let after: u64 = have.iter().map(|w| u64::from(w.count_ones())).sum();
-                self.mapped += after - before;
+                self.mapped += count(&have.pages) - before;
             }
             None => {
-                let n = node.take().ok_or(ENOMEM)?.into_reservation().into_node(block, *bits);
-                drop(self.blocks.insert(n));
-                self.mapped += new;
+                let n = node.take().ok_or(ENOMEM)?.into_reservation().into_node(block, *new);
+                drop(m.blocks.insert(n));
+                self.mapped += count(&new.pages);
             }
         }
-        Ok(())
+        Ok(old)
     }
 }

@@ -10,7 +10,7 @@
 
 use crate::obj::device::{Ctx, Device};
 use crate::obj::devices::MAX_DEVICES;
-use crate::obj::mirror::{MirrorState, Notifier};
+use crate::obj::mirror::{self, MirrorState, Notifier, CHUNK_BYTES};
 use crate::obj::region::Region;
 use crate::policy::thrash::{RecentMoves, ThrashTable};
 use core::sync::atomic::{AtomicU64, Ordering};
@@ -19,7 +19,8 @@ use kernel::{
     mm::{Mm, MmWithUser},
     new_mutex,
     prelude::*,
-    sync::{aref::ARef, global_lock, Arc, Mutex, SetOnce},
+    rbtree::RBTree,
+    sync::{aref::ARef, global_lock, Arc, Mutex},
 };
 
 extern "C" {
@@ -66,12 +67,12 @@ pub(crate) struct Space {
     /// What devices map of the process's ordinary memory (obj/mirror.rs).
     #[pin]
     pub(crate) mirror: Mutex<MirrorState>,
-    /// The MMU interval notifier that keeps `mirror` coherent: registered on the first
-    /// device fault outside the regions (under `mirror_init`), removed first thing when the
-    /// space is dropped.
-    notifier: SetOnce<Notifier>,
+    /// The MMU interval notifiers that keep `mirror` coherent, by chunk of
+    /// `mirror::CHUNK_BYTES`: registered on the first device fault outside the regions in
+    /// their chunk, removed first thing when the space is dropped. Taken with no other lock
+    /// (registration may take the mmap lock).
     #[pin]
-    mirror_init: Mutex<()>,
+    notifiers: Mutex<RBTree<u64, Arc<Notifier>>>,
     pub(crate) stats: SpaceStats,
 }
 
@@ -136,8 +137,7 @@ pub(crate) fn open(mm: &Mm) -> Result<Arc<Space>> {
             thrash <- new_mutex!(Thrash { recent: RecentMoves::new(), table: ThrashTable::new() }, "gmem_space_thrash"),
             fence_lock <- new_mutex!((), "gmem_space_fences"),
             mirror <- new_mutex!(MirrorState::new(), "gmem_mirror"),
-            notifier: SetOnce::new(),
-            mirror_init <- new_mutex!((), "gmem_mirror_init"),
+            notifiers <- new_mutex!(RBTree::new(), "gmem_mirror_notifiers"),
             stats: SpaceStats::default(),
         }),
         GFP_KERNEL,
@@ -251,21 +251,22 @@ impl Space {
         Ok(c)
     }
 
-    /// The space's MMU interval notifier, registered on first use. Call with no lock held
-    /// (registration takes the mmap lock).
-    pub(crate) fn notifier(&self) -> Result<&Notifier> {
-        if let Some(n) = self.notifier.as_ref() {
-            return Ok(n);
+    /// The MMU interval notifier of the chunk holding `addr`, registered on first use,
+    /// which needs `addr` to be in a mapping gmem mirrors for this access (so that
+    /// addresses the process does not map cost nothing: no notifier per chunk of them).
+    /// Call with no lock held (this takes the mmap lock) and a user reference on the mm.
+    pub(crate) fn notifier(&self, addr: u64, write: bool) -> Result<Arc<Notifier>> {
+        let chunk = addr / CHUNK_BYTES;
+        let mut tree = self.notifiers.lock();
+        if let Some(n) = tree.get(&chunk) {
+            return Ok(n.clone());
         }
-        let _g = self.mirror_init.lock();
-        if self.notifier.as_ref().is_none() {
-            // SAFETY: `self` is pinned (spaces live in `Arc`s) and outlives the notifier,
-            // which `PinnedDrop` removes before anything else of the space goes.
-            let n = unsafe { Notifier::new(&self.mm, core::ptr::from_ref(self).cast()) }?;
-            // Only this thread populates (under `mirror_init`), so this succeeds.
-            let _ = self.notifier.populate(n);
-        }
-        self.notifier.as_ref().ok_or(ENOMEM)
+        mirror::check(&self.mm, addr, write)?;
+        // SAFETY: `self` is pinned (spaces live in `Arc`s) and outlives the notifier, which
+        // `PinnedDrop` removes before anything else of the space goes.
+        let n = Arc::new(unsafe { Notifier::new(&self.mm, core::ptr::from_ref(self).cast(), chunk) }?, GFP_KERNEL)?;
+        tree.try_create_and_insert(chunk, n.clone(), GFP_KERNEL)?;
+        Ok(n)
     }
 
     /// The context of `dev` if one exists (no creation).
@@ -290,8 +291,10 @@ impl Space {
 impl PinnedDrop for Space {
     fn drop(self: Pin<&mut Self>) {
         // First: after this no invalidate callback runs, so none can reach the contexts
-        // released below (nor the space itself).
-        if let Some(n) = self.notifier.as_ref() {
+        // released below (nor the space itself). Nobody uses the space any more (this is
+        // its last reference): no device runs in it, so the entries left in its contexts
+        // are never used before `ctx_destroy` drops them.
+        for n in self.notifiers.lock().values() {
             n.remove();
         }
         let mut ctxs = self.ctxs.lock();

@@ -24,7 +24,11 @@
  * Contract of every callback: it may sleep; it is never called with a spinlock held (but
  * usually with gmem mutexes held, and on the fault and advice paths with the space's mmap
  * lock); it must not call back into gmem. No callback is made with a context after ctx_destroy() of that context started,
- * and none at all after gmem_dev_unregister() returned.
+ * and none at all after gmem_dev_unregister() returned. For a device with
+ * &gmem_dev_ops.map_prepare, @unmap and @tlb_invalidate are also called by gmem's MMU
+ * notifier, from any task that changes the process's page tables, memory reclaim included:
+ * they must not allocate memory that may reclaim, and the driver must not allocate that way
+ * while it holds a lock they take.
  */
 
 /**
@@ -345,7 +349,9 @@ void *gmem_space_ctx(struct gmem_dev *dev, struct gmem_space *space);
  * the process is exiting;
  * -EPERM a write to process memory the process may only read (outside GMEM regions);
  * -ENODEV the device, or a device a page must be copied from or to, is unregistering;
- * -EBUSY the page is pinned on another device;
+ * -EBUSY the page is pinned on another device; or (process memory outside the regions)
+ * the process kept changing that memory while it was faulted in (64 snapshots in a row
+ * went stale);
  * -ENOMEM no device frame could be freed (all pinned, eviction failed, or 32
  * evict-and-retry rounds did not get one) or host memory ran out;
  * -EIO a page's data was lost when the device holding it was unregistered;

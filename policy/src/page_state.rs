@@ -88,6 +88,15 @@ pub const Q_REMOTE: u32 = 1 << 19;
 /// `GMEM_Q_CPU_MAPPED`.
 pub const Q_CPU_MAPPED: u32 = 1 << 20;
 
+/// The QUERY word of a page of ordinary process memory (outside the GMEM regions, which
+/// gmem mirrors but does not own): on the host and CPU-mapped if the process maps a page
+/// there (`present`), never touched otherwise; `remote` if a device maps it.
+pub fn sysmem_query_word(present: bool, remote: bool) -> u32 {
+    let loc = if present { Q_LOC_HOST | Q_CPU_MAPPED } else { Q_LOC_NONE };
+    // A device maps only pages the process maps: without one there is nothing to map.
+    loc | if present && remote { Q_REMOTE } else { 0 }
+}
+
 /// Packed per-page state, 32 bits (layout in the module documentation).
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
 pub struct PageState(u32);
@@ -731,6 +740,19 @@ mod tests {
 
     fn dev_fault(dev: u8, write: bool) -> Event {
         Event::DevFault { dev, write, read_mostly: false, accessed_by: false }
+    }
+
+    #[test]
+    fn sysmem_query_words() {
+        assert_eq!(sysmem_query_word(false, false), Q_LOC_NONE);
+        assert_eq!(sysmem_query_word(true, false), Q_LOC_HOST | Q_CPU_MAPPED);
+        assert_eq!(sysmem_query_word(true, true), Q_LOC_HOST | Q_CPU_MAPPED | Q_REMOTE);
+        // Nothing is mapped remotely where the process maps nothing.
+        assert_eq!(sysmem_query_word(false, true), Q_LOC_NONE);
+        // A host page of a GMEM region that the CPU maps reads the same way.
+        let host = PageState::EMPTY;
+        let (h, _) = go(host, Event::CpuFault { write: true });
+        assert_eq!(h.query_word() & (0xff | Q_CPU_MAPPED), sysmem_query_word(true, false));
     }
 
     fn read_mostly(dev: u8) -> Event {

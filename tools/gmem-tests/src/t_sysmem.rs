@@ -357,6 +357,47 @@ fn sysmem_device_access_races_munmap() -> TestResult {
     Ok(())
 }
 
+/// QUERY on ordinary memory: never touched, on the host (CPU-mapped), mapped remotely by
+/// a device; nothing faulted in by asking; a range running into unmapped space, or an
+/// unmapped address, is ENOENT.
+fn sysmem_query_reports_residency() -> TestResult {
+    use libgmem::{GMEM_LOC_HOST, GMEM_LOC_NONE, GMEM_Q_CPU_MAPPED, GMEM_Q_REMOTE};
+    let (g, s) = open()?;
+    let m = Anon::new(8 * PAGE, libc::PROT_READ | libc::PROT_WRITE)?;
+    // Page by page: no large folio populates neighbours of a faulted page.
+    // SAFETY: our own mapping.
+    ensure!(unsafe { libc::madvise(m.addr as *mut libc::c_void, m.len, libc::MADV_NOHUGEPAGE) } == 0, "madvise");
+    let q = ok!(g.query(m.addr, 8));
+    ensure!(q.iter().all(|&w| w == GMEM_LOC_NONE), "untouched memory: {q:x?}");
+    // Asking faulted nothing in.
+    ensure!(ok!(g.query(m.addr, 8)).iter().all(|&w| w == GMEM_LOC_NONE), "QUERY faulted pages in");
+    m.words()[0] = 1; // page 0 on the host
+    m.words()[3 * 1024] = 1; // page 3
+                             // Pages 3 and 4, by the device: only they are faulted in (page 4 populated).
+    ok!(s.fill(m.addr + 3 * PAGE as u64, 2 * PAGE as u64, 9));
+    let q = ok!(g.query(m.addr, 8));
+    let host = GMEM_LOC_HOST | GMEM_Q_CPU_MAPPED;
+    // Page 0 too is mapped on the device: fault-around maps the block's present pages.
+    let want =
+        [host | GMEM_Q_REMOTE, GMEM_LOC_NONE, GMEM_LOC_NONE, host | GMEM_Q_REMOTE, host | GMEM_Q_REMOTE, 0, 0, 0];
+    ensure!(q == want, "residency {q:x?}, expected {want:x?}");
+    // From an unaligned address inside page 3, two pages.
+    ensure!(ok!(g.query(m.addr + 3 * PAGE as u64 + 8, 2)) == want[3..5], "unaligned QUERY");
+    // Past the end of the mapping (its neighbour is not guaranteed to be unmapped, so
+    // make a hole first) and at an unmapped address.
+    // SAFETY: the last page of our own mapping.
+    ensure!(unsafe { libc::munmap((m.addr + 7 * PAGE as u64) as *mut libc::c_void, PAGE) } == 0, "munmap");
+    expect_errno!(g.query(m.addr + 6 * PAGE as u64, 2), libc::ENOENT);
+    expect_errno!(g.query(0x10000, 1), libc::ENOENT);
+    // After munmap the device's entries are gone from the record too.
+    ok!(s.fill(m.addr, PAGE as u64, 5));
+    ensure!(ok!(g.query(m.addr, 1))[0] & GMEM_Q_REMOTE != 0, "device mapping not reported");
+    // SAFETY: page 0 of our own mapping.
+    ensure!(unsafe { libc::madvise(m.addr as *mut libc::c_void, PAGE, libc::MADV_DONTNEED) } == 0, "madvise");
+    ensure!(ok!(g.query(m.addr, 1))[0] == GMEM_LOC_NONE, "dropped page still reported");
+    Ok(())
+}
+
 pub fn tests() -> Vec<Test> {
     vec![
         Test { name: "sysmem_malloc_buffer_both_ways", f: sysmem_malloc_buffer_both_ways },
@@ -369,5 +410,6 @@ pub fn tests() -> Vec<Test> {
         Test { name: "sysmem_exit_with_device_mappings", f: sysmem_exit_with_device_mappings },
         Test { name: "sysmem_device_access_races_munmap", f: sysmem_device_access_races_munmap },
         Test { name: "sysmem_refill_faults_nothing", f: sysmem_refill_faults_nothing },
+        Test { name: "sysmem_query_reports_residency", f: sysmem_query_reports_residency },
     ]
 }

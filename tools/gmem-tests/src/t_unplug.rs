@@ -339,6 +339,58 @@ fn rmmod_with_copies_in_flight() -> TestResult {
     res
 }
 
+/// A device that maps ordinary memory of a process is unplugged: its entries and their
+/// record go with it (the space's `mirror_mapped` drops to 0 while the process lives on),
+/// the process's data stays as it was, the memory can be unmapped afterwards, and the
+/// device that comes back maps it again.
+fn unplug_forgets_mirrored_memory() -> TestResult {
+    let _ = take_log()?;
+    let g = Gmem::open().map_err(|e| e.to_string())?;
+    // A region of 13 pages names this space in debugfs.
+    let _tag = ok!(g.alloc(13 * 4096));
+    let len = 64 * 4096;
+    // SAFETY: a fresh anonymous mapping, unmapped below.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    ensure!(p != libc::MAP_FAILED, "mmap failed");
+    // SAFETY: the mapping above, `len` bytes.
+    let w = unsafe { std::slice::from_raw_parts_mut(p.cast::<u32>(), len / 4) };
+    let res = (|| -> TestResult {
+        for d in 0..2 {
+            let s = Sim::open(d).map_err(|e| e.to_string())?;
+            ok!(s.fill(p as u64, len as u64, 0x7000 * (d as u32 + 1)));
+        }
+        ensure!(crate::harness::space_stat(13, "mirror_mapped")? >= 64, "the devices mapped nothing");
+        sh("rmmod gmem_sim")?;
+        let left = crate::harness::space_stat(13, "mirror_mapped")?;
+        ensure!(left == 0, "{left} pages still recorded as mapped after the devices were unplugged");
+        ensure!(w.iter().enumerate().all(|(i, &x)| x == pattern(0xe000, i)), "the data changed across the unplug");
+        sh(INSMOD)?;
+        let s = Sim::open(0).map_err(|e| e.to_string())?;
+        ok!(s.fill(p as u64, len as u64, 0x9000));
+        ensure!(w.iter().enumerate().all(|(i, &x)| x == pattern(0x9000, i)), "the new device's fill not seen");
+        Ok(())
+    })();
+    // SAFETY: our mapping.
+    unsafe { libc::munmap(p, len) };
+    if res.is_err() {
+        // Whatever step failed, the driver is there for the tests after this one (an
+        // insmod of a loaded module just fails).
+        let _ = sh(&format!("{INSMOD} 2>/dev/null"));
+    }
+    let log = take_log()?;
+    ensure!(!frames_left(&log) && !log.contains("callback after gmem_dev_unregister"), "unregistration:\n{log}");
+    res
+}
+
 pub fn tests() -> Vec<Test> {
     vec![
         Test {
@@ -348,5 +400,6 @@ pub fn tests() -> Vec<Test> {
         Test { name: "unplug_lost_pages_are_reported_not_reused", f: unplug_lost_pages_are_reported_not_reused },
         Test { name: "kill_races_rmmod", f: kill_races_rmmod },
         Test { name: "rmmod_with_copies_in_flight", f: rmmod_with_copies_in_flight },
+        Test { name: "unplug_forgets_mirrored_memory", f: unplug_forgets_mirrored_memory },
     ]
 }
