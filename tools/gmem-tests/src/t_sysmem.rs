@@ -12,14 +12,14 @@ use std::os::unix::fs::FileExt;
 
 const PAGE: usize = 4096;
 
-/// An anonymous private mapping, unmapped on drop (unless `forget`).
-struct Anon {
-    addr: u64,
-    len: usize,
+/// An anonymous private mapping, unmapped on drop (unless forgotten).
+pub(crate) struct Anon {
+    pub(crate) addr: u64,
+    pub(crate) len: usize,
 }
 
 impl Anon {
-    fn new(len: usize, prot: i32) -> Result<Anon, String> {
+    pub(crate) fn new(len: usize, prot: i32) -> Result<Anon, String> {
         Anon::at(std::ptr::null_mut(), len, prot, 0)
     }
 
@@ -32,7 +32,7 @@ impl Anon {
         Ok(Anon { addr: p as u64, len })
     }
 
-    fn words(&self) -> &'static mut [u32] {
+    pub(crate) fn words(&self) -> &'static mut [u32] {
         // SAFETY: mapped for `len` bytes while `self` lives; tests drop the slice first.
         unsafe { std::slice::from_raw_parts_mut(self.addr as *mut u32, self.len / 4) }
     }

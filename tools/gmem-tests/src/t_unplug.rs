@@ -348,25 +348,12 @@ fn unplug_forgets_mirrored_memory() -> TestResult {
     let g = Gmem::open().map_err(|e| e.to_string())?;
     // A region of 13 pages names this space in debugfs.
     let _tag = ok!(g.alloc(13 * 4096));
-    let len = 64 * 4096;
-    // SAFETY: a fresh anonymous mapping, unmapped below.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    ensure!(p != libc::MAP_FAILED, "mmap failed");
-    // SAFETY: the mapping above, `len` bytes.
-    let w = unsafe { std::slice::from_raw_parts_mut(p.cast::<u32>(), len / 4) };
+    let m = crate::t_sysmem::Anon::new(64 * 4096, libc::PROT_READ | libc::PROT_WRITE)?;
+    let (p, len, w) = (m.addr, m.len, m.words());
     let res = (|| -> TestResult {
         for d in 0..2 {
             let s = Sim::open(d).map_err(|e| e.to_string())?;
-            ok!(s.fill(p as u64, len as u64, 0x7000 * (d as u32 + 1)));
+            ok!(s.fill(p, len as u64, 0x7000 * (d as u32 + 1)));
         }
         ensure!(crate::harness::space_stat(13, "mirror_mapped")? >= 64, "the devices mapped nothing");
         sh("rmmod gmem_sim")?;
@@ -375,12 +362,11 @@ fn unplug_forgets_mirrored_memory() -> TestResult {
         ensure!(w.iter().enumerate().all(|(i, &x)| x == pattern(0xe000, i)), "the data changed across the unplug");
         sh(INSMOD)?;
         let s = Sim::open(0).map_err(|e| e.to_string())?;
-        ok!(s.fill(p as u64, len as u64, 0x9000));
+        ok!(s.fill(p, len as u64, 0x9000));
         ensure!(w.iter().enumerate().all(|(i, &x)| x == pattern(0x9000, i)), "the new device's fill not seen");
         Ok(())
     })();
-    // SAFETY: our mapping.
-    unsafe { libc::munmap(p, len) };
+    drop(m);
     if res.is_err() {
         // Whatever step failed, the driver is there for the tests after this one (an
         // insmod of a loaded module just fails).
