@@ -7,8 +7,9 @@
 //! narrowed inward so that a partly covered page keeps its data. The range must lie within
 //! one region. Lock order as in the fault paths: mmap lock -> region pages.
 
-use crate::mech::moves;
+use crate::mech::{moves, sysmem};
 use crate::obj::devices;
+use crate::obj::mirror;
 use crate::obj::region::{adv, Region};
 use crate::obj::space::Space;
 use crate::policy::page_state::{Event, Target};
@@ -93,6 +94,17 @@ pub(crate) fn advise(space: &Space, a: &Advice) -> Result {
 /// [`advise`], stopping early with `EINTR` once `cancel` is set (every lane of a moving
 /// advice sees it, see `moves.rs`).
 fn advise_until(space: &Space, a: &Advice, cancel: Option<&Arc<AtomicBool>>) -> Result {
+    if let Some((start, end)) = sysmem_range(space, a)? {
+        // Ordinary process memory stays on the host (this version migrates none of it):
+        // a PREFETCH to a device maps it there now, one to the host has nothing to do.
+        if a.dev == HOST {
+            return Ok(());
+        }
+        let dev = devices::get(usize::from(device_id(a.dev)?)).ok_or(ENODEV)?;
+        let r = sysmem::prefetch(&dev, space, start, end, cancel);
+        // No mapping there (or none gmem mirrors): the range is in no region and no memory.
+        return r.map_err(|e| if e == EFAULT { ENOENT } else { e });
+    }
     let (region, r) = locate(space, a)?;
     let (first, count) = (r.first as usize, r.count as usize);
     if count == 0 {
@@ -213,5 +225,29 @@ impl Fence {
 
 /// Validates the range of an advice without applying it (ASYNC requests fail early).
 pub(crate) fn check_range(space: &Space, a: &Advice) -> Result {
-    locate(space, a).map(|_| ())
+    // Ordinary memory: its first page was found mapped (the rest is checked as the
+    // prefetch goes).
+    match sysmem_range(space, a)? {
+        Some(_) => Ok(()),
+        None => locate(space, a).map(|_| ()),
+    }
+}
+
+/// The page-aligned byte range of a PREFETCH whose first page is in no region (ordinary
+/// process memory, mech/sysmem.rs); `None` for any other advice or range, which needs a
+/// region.
+fn sysmem_range(space: &Space, a: &Advice) -> Result<Option<(u64, u64)>> {
+    let addr = usize::try_from(a.addr).map_err(|_| EINVAL)?;
+    if a.advice != PREFETCH || space.region_at(addr).is_some() {
+        return Ok(None);
+    }
+    // In no region and no mapping: ENOENT, before anything about the range (as for an
+    // address in no region before).
+    let _mm = space.mm_user().ok_or(ENOENT)?;
+    mirror::check(space.mm(), a.addr & !0xfff, false).map_err(|e| if e == EFAULT { ENOENT } else { e })?;
+    // Widened outward to pages, as for a region, within the whole address space.
+    let r = range::outward(0, !0xfff, a.addr, a.len).map_err(range_errno)?;
+    let start = r.first.checked_mul(4096).ok_or(EOVERFLOW)?;
+    let end = r.first.checked_add(r.count).and_then(|e| e.checked_mul(4096)).ok_or(EOVERFLOW)?;
+    Ok(Some((start, end)))
 }

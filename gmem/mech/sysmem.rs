@@ -118,3 +118,38 @@ pub(crate) fn query(space: &Space, addr: u64, n: usize) -> Result<KVVec<u32>> {
     }
     Ok(out)
 }
+
+/// PREFETCH of `[start, end)` (page aligned, in no region) to `dev`: maps every page there
+/// on the device now, as device read faults would (a page the process never touched is
+/// faulted in as a CPU read would: the zero page), block by block, stopping with `EINTR`
+/// once `cancel` is set. Pages stay on the host: nothing is migrated.
+pub(crate) fn prefetch(
+    dev: &Arc<Device>,
+    space: &Space,
+    start: u64,
+    end: u64,
+    cancel: Option<&Arc<core::sync::atomic::AtomicBool>>,
+) -> Result {
+    let mut addrs = KVec::with_capacity(BLOCK_PAGES, GFP_KERNEL)?;
+    let mut a = start;
+    while a < end {
+        if cancel.is_some_and(|c| c.load(core::sync::atomic::Ordering::Acquire)) || sched::fatal_signal_pending() {
+            return Err(EINTR);
+        }
+        // The end of `a`'s block, or `end` (a block at the top of the address space has no
+        // end that fits: the range stops at `end` there).
+        let block_end = (block_base(usize::try_from(a).map_err(|_| EFAULT)?) as u64).checked_add(BLOCK_BYTES as u64);
+        let stop = block_end.map_or(end, |b| core::cmp::min(end, b));
+        addrs.clear();
+        let mut p = a;
+        while p < stop {
+            addrs.push(p, GFP_KERNEL)?;
+            // `stop` is page aligned and above `p`: this stays at most `stop`.
+            p += 4096;
+        }
+        device_fault(dev, space, &addrs, false)?;
+        sched::cond_resched();
+        a = stop;
+    }
+    Ok(())
+}

@@ -59,8 +59,11 @@ fn advise_bad_arguments() -> TestResult {
     expect_errno!(g.advise(a, u64::MAX, GMEM_ADV_DONTNEED, GMEM_NO_DEVICE, 0), libc::EOVERFLOW);
     expect_errno!(g.advise(a, u64::MAX, GMEM_ADV_PREFETCH, 0, 0), libc::EOVERFLOW);
     expect_errno!(g.advise(a, 17 * 4096, GMEM_ADV_PREFETCH, 0, 0), libc::EINVAL);
-    expect_errno!(g.advise(a + 16 * 4096, 4096, GMEM_ADV_PREFETCH, 0, 0), libc::ENOENT);
+    // Outside any region and any mapping (a PREFETCH of ordinary memory is t_sysmem's).
     expect_errno!(g.advise(0x1000, 4096, GMEM_ADV_PREFETCH, 0, 0), libc::ENOENT);
+    expect_errno!(g.advise(a + 16 * 4096, 4096, GMEM_ADV_DONTNEED, GMEM_NO_DEVICE, 0), libc::ENOENT);
+    // At the very top of the address space: nothing mapped there, and no arithmetic wraps.
+    expect_errno!(g.advise(0xffff_ffff_fff0_0000, 4096, GMEM_ADV_PREFETCH, 0, 0), libc::ENOENT);
     expect_errno!(g.advise(a, 4096, 0, 0, 0), libc::EINVAL);
     expect_errno!(g.advise(a, 4096, 99, 0, 0), libc::EINVAL);
     expect_errno!(g.advise(a, 4096, GMEM_ADV_PREFETCH, 15, 0), libc::ENODEV);

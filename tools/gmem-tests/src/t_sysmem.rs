@@ -8,6 +8,7 @@
 use crate::harness::{open, Test, TestResult};
 use crate::{ensure, expect_errno, ok};
 use libgmem::sim::{checksum, Sim};
+use libgmem::{GMEM_ADVF_ASYNC, GMEM_ADV_ACCESSED_BY, GMEM_ADV_PREFETCH, GMEM_HOST};
 use std::os::unix::fs::FileExt;
 
 const PAGE: usize = 4096;
@@ -398,6 +399,31 @@ fn sysmem_query_reports_residency() -> TestResult {
     Ok(())
 }
 
+/// PREFETCH of ordinary memory to a device maps it there ahead of use: the kernel that
+/// follows faults nothing (synchronously and through a fence). To the host it has nothing
+/// to do; other advice still needs a region; unmapped memory is ENOENT.
+fn sysmem_prefetch_maps_ahead() -> TestResult {
+    let (g, s) = open()?;
+    let m = Anon::new(48 * PAGE, libc::PROT_READ | libc::PROT_WRITE)?;
+    for (i, w) in m.words().iter_mut().enumerate() {
+        *w = (i as u32).wrapping_mul(40503);
+    }
+    // Not page aligned, as any PREFETCH may be: widened to whole pages.
+    ok!(g.advise(m.addr + 100, 16 * PAGE as u64 - 200, GMEM_ADV_PREFETCH, 0, 0));
+    let o = ok!(s.checksum(m.addr, 16 * PAGE as u64));
+    ensure!(o.faults == 0, "{} faults after PREFETCH", o.faults);
+    ensure!(o.result == checksum(&m.words()[..16 * 1024]), "checksum after PREFETCH");
+    let half = m.addr + 16 * PAGE as u64;
+    let fence = ok!(g.advise(half, 32 * PAGE as u64, GMEM_ADV_PREFETCH, 0, GMEM_ADVF_ASYNC));
+    ok!(g.wait(fence));
+    ensure!(ok!(s.checksum(half, 32 * PAGE as u64)).faults == 0, "faults after an asynchronous PREFETCH");
+    ok!(g.advise(m.addr, m.len as u64, GMEM_ADV_PREFETCH, GMEM_HOST, 0));
+    expect_errno!(g.advise(m.addr, m.len as u64, GMEM_ADV_ACCESSED_BY, 0, 0), libc::ENOENT);
+    expect_errno!(g.advise(0x10000, 4096, GMEM_ADV_PREFETCH, 0, 0), libc::ENOENT);
+    expect_errno!(g.advise(0x10000, 4096, GMEM_ADV_PREFETCH, 0, GMEM_ADVF_ASYNC), libc::ENOENT);
+    Ok(())
+}
+
 pub fn tests() -> Vec<Test> {
     vec![
         Test { name: "sysmem_malloc_buffer_both_ways", f: sysmem_malloc_buffer_both_ways },
@@ -411,5 +437,6 @@ pub fn tests() -> Vec<Test> {
         Test { name: "sysmem_device_access_races_munmap", f: sysmem_device_access_races_munmap },
         Test { name: "sysmem_refill_faults_nothing", f: sysmem_refill_faults_nothing },
         Test { name: "sysmem_query_reports_residency", f: sysmem_query_reports_residency },
+        Test { name: "sysmem_prefetch_maps_ahead", f: sysmem_prefetch_maps_ahead },
     ]
 }

@@ -34,7 +34,9 @@ void *gmem_malloc_on(size_t size, int dev);
  * allocation, -EINVAL for one inside an allocation but not its start. */
 int gmem_free(void *ptr);
 
-/* Migrates [ptr, ptr + len) to @dev (a device id, or GMEM_CPU) and waits. */
+/* Migrates [ptr, ptr + len) to @dev (a device id, or GMEM_CPU) and waits. Ordinary memory
+ * (not from gmem_malloc: malloc, the stack) stays on the host and is mapped on @dev instead;
+ * -ENOENT where nothing is mapped. */
 int gmem_prefetch(const void *ptr, size_t len, int dev);
 /* The same without waiting: *@fence receives a fence for gmem_wait(). */
 int gmem_prefetch_async(const void *ptr, size_t len, int dev, uint64_t *fence);
