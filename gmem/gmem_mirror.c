@@ -160,7 +160,7 @@ int gmem_mirror_fault(struct gmem_mirror *m, unsigned long start, const u8 *req,
 {
 	struct mm_struct *mm = m->notifier.mm;
 	unsigned long deadline = jiffies + msecs_to_jiffies(HMM_RANGE_DEFAULT_TIMEOUT);
-	unsigned long i, lo, hi, want;
+	unsigned long i, lo, hi, want, reached = 0;
 	bool write = false;
 	struct vm_area_struct *vma;
 	struct hmm_range range = {
@@ -174,10 +174,12 @@ int gmem_mirror_fault(struct gmem_mirror *m, unsigned long start, const u8 *req,
 	if (want == npages || !PAGE_ALIGNED(start))
 		return -EINVAL;
 	/*
-	 * Above user space: no VMA there, whatever the range. (The mm's own limit: TASK_SIZE
-	 * would be the calling task's, and any task may report a device fault.)
+	 * The first requested page above user space: no VMA there. (The mm's own limit:
+	 * TASK_SIZE would be the calling task's, and any task may report a device fault.) The
+	 * rest of the block may reach past it; the VMA clips the walk.
 	 */
-	if (start >= mm->task_size || (mm->task_size - start) >> PAGE_SHIFT < npages)
+	if (npages > (ULONG_MAX - start) >> PAGE_SHIFT ||
+	    start + (want << PAGE_SHIFT) >= mm->task_size)
 		return -EFAULT;
 	for (i = 0; i < npages; i++)
 		write |= req[i] == 2;
@@ -221,8 +223,18 @@ int gmem_mirror_fault(struct gmem_mirror *m, unsigned long start, const u8 *req,
 			i = j > i ? j : i + 1;
 		}
 		mmap_read_unlock(mm);
-		if (ret == -EBUSY)
+		if (ret == -EBUSY) {
+			/*
+			 * A run's fault (a COW break, say) made the next run's walk stale. The
+			 * retry gets at least one run further (the faulted ones are present now):
+			 * progress, so the time limit starts again.
+			 */
+			if (i > reached) {
+				reached = i;
+				deadline = jiffies + msecs_to_jiffies(HMM_RANGE_DEFAULT_TIMEOUT);
+			}
 			continue;
+		}
 		if (ret)
 			return ret;
 		*first = lo;

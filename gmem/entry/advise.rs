@@ -101,6 +101,10 @@ fn advise_until(space: &Space, a: &Advice, cancel: Option<&Arc<AtomicBool>>) -> 
             return Ok(());
         }
         let dev = devices::get(usize::from(device_id(a.dev)?)).ok_or(ENODEV)?;
+        if !dev.maps_sysmem() {
+            // Its driver has no `map_prepare`: it cannot map the process's own pages.
+            return Err(EOPNOTSUPP);
+        }
         let r = sysmem::prefetch(&dev, space, start, end, cancel);
         // No mapping there (or none gmem mirrors): the range is in no region and no memory.
         return r.map_err(|e| if e == EFAULT { ENOENT } else { e });
@@ -243,7 +247,8 @@ fn sysmem_range(space: &Space, a: &Advice) -> Result<Option<(u64, u64)>> {
     }
     // In no region and no mapping: ENOENT, before anything about the range (as for an
     // address in no region before).
-    let _mm = space.mm_user().ok_or(ENOENT)?;
+    // The process is exiting: as for a region (EFAULT).
+    let _mm = space.mm_user().ok_or(EFAULT)?;
     mirror::check(space.mm(), a.addr & !0xfff, false).map_err(|e| if e == EFAULT { ENOENT } else { e })?;
     // Widened outward to pages, as for a region, within the whole address space.
     let r = range::outward(0, !0xfff, a.addr, a.len).map_err(range_errno)?;

@@ -12,7 +12,7 @@
 use crate::abi::{GmemPte, GMEM_PROT_READ, GMEM_PROT_WRITE, GMEM_PTE_SYSMEM};
 use crate::obj::device::{Ctx, DevStats, Device, DeviceOps};
 use crate::obj::mirror::{
-    self, count, DevMirror, Mapped, MirrorPage, MirrorState, Notifier, Snapshot, BLOCK_PAGES, REQ_WRITE,
+    self, count, BlockBits, DevMirror, Mapped, MirrorPage, MirrorState, Notifier, Snapshot, BLOCK_PAGES, REQ_WRITE,
 };
 use crate::obj::region::BLOCK_BYTES;
 use crate::obj::space::Space;
@@ -52,6 +52,11 @@ pub(crate) fn map_snapshot(
 ) -> Result<bool> {
     let ops = dev.ops().ok_or(ENODEV)?;
     let Some(mut st) = notifier.lock_current(&space.mirror, snap)? else { return Ok(false) };
+    // Checked under the mirror lock: unregistration kills the device before it forgets its
+    // record (`forget_device`, which takes this lock), so nothing is recorded after that.
+    if !dev.alive() {
+        return Err(ENODEV);
+    }
     ptes.clear();
     let block = base / BLOCK_BYTES as u64;
     let had = st.mapped_on(dev, block);
@@ -93,6 +98,18 @@ pub(crate) fn map_snapshot(
     // is still unmapped by the next invalidation.
     let old = st.record(dev, ctx, block, &new, node)?;
     let r = ops.map(ctx, ptes);
+    if r.is_err() {
+        // The map may have installed some entries: remove all of this call's, and forget
+        // them, so that the record never claims what the device does not map (a page
+        // recorded writable would make its read faults map nothing).
+        let n = st.devs.get_mut(dev.id).and_then(Option::as_mut).map_or(0, |m| {
+            take_pages(&mut m.blocks, block, &new.pages, |va, n| {
+                ops.unmap(ctx, va, n);
+                ops.tlb_invalidate(ctx, va, n);
+            })
+        });
+        st.mapped -= n;
+    }
     drop(st);
     // The record of an earlier device with this id (it unregistered): dropped unlocked.
     drop(old);
@@ -241,9 +258,32 @@ unsafe extern "C" fn gmem_mirror_invalidate(
     true
 }
 
-/// Whether some device has a page of `[start, end)` mapped.
+/// Whether some device has a page of `[start, end)` mapped (a device that unregistered
+/// has no entries left, whatever its record still says).
 fn any_mapped(st: &mut MirrorState, start: u64, end: u64) -> bool {
-    st.devs.iter_mut().flatten().any(|m| any_in(&mut m.blocks, start, end))
+    st.devs.iter_mut().flatten().filter(|m| m.dev.alive()).any(|m| any_in(&mut m.blocks, start, end))
+}
+
+/// Takes the pages `pages` of block `block` out of `blocks` (those recorded), calling
+/// `f(va, npages)` for each run of them; returns how many. Allocates nothing.
+fn take_pages(blocks: &mut RBTree<u64, Mapped>, block: u64, pages: &BlockBits, mut f: impl FnMut(u64, u64)) -> u64 {
+    let base = block * BLOCK_BYTES as u64;
+    let mut taken = 0;
+    let mut k = 0;
+    while k < BLOCK_PAGES {
+        if pages[k / 64] & (1 << (k % 64)) == 0 {
+            k += 1;
+            continue;
+        }
+        let run = k;
+        while k < BLOCK_PAGES && pages[k / 64] & (1 << (k % 64)) != 0 {
+            k += 1;
+        }
+        let (va, n) = (base + run as u64 * PAGE, (k - run) as u64);
+        f(va, n);
+        taken += take_runs(blocks, va, va + n * PAGE, |_, _| {});
+    }
+    taken
 }
 
 /// Whether `blocks` records a page of `[start, end)` (`end > start`).

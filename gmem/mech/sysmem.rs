@@ -10,7 +10,7 @@
 
 use crate::exec::mirror;
 use crate::obj::device::{DevStats, Device};
-use crate::obj::mirror::{Mapped, MirrorPage, Notifier, BLOCK_PAGES, CHUNK_BYTES, REQ_LOOK, REQ_READ, REQ_WRITE};
+use crate::obj::mirror::{pfn_present, Mapped, Notifier, BLOCK_PAGES, CHUNK_BYTES, REQ_LOOK, REQ_READ, REQ_WRITE};
 use crate::obj::region::{block_base, BLOCK_BYTES};
 use crate::obj::sched;
 use crate::obj::space::Space;
@@ -68,7 +68,8 @@ pub(crate) fn device_fault(dev: &Arc<Device>, space: &Space, addrs: &[u64], writ
             let snap = notifier.fault(base, &req, &mut pfns)?;
             mirror::prepare(dev, ctx, base + snap.first as u64 * 4096, snap.count)?;
             if node.is_none() {
-                node = Some(RBTreeNode::new(base / BLOCK_BYTES as u64, Mapped::default(), GFP_KERNEL)?);
+                // Charged to the faulting process's memory cgroup, as its page tables are.
+                node = Some(RBTreeNode::new(base / BLOCK_BYTES as u64, Mapped::default(), GFP_KERNEL_ACCOUNT)?);
             }
             if mirror::map_snapshot(dev, ctx, space, &notifier, base, &snap, &pfns, &req, &mut ptes, &mut node)? {
                 req[snap.first..snap.first + snap.count].fill(0);
@@ -107,8 +108,10 @@ pub(crate) fn query(space: &Space, addr: u64, n: usize) -> Result<KVVec<u32>> {
             let stop = core::cmp::min(k1, snap.first + snap.count);
             let st = space.mirror.lock();
             for i in k..stop {
-                let present = MirrorPage::of(&st, pfns[i]).is_some();
-                out.push(sysmem_query_word(present, st.any_maps(base / BLOCK_BYTES as u64, i)), GFP_KERNEL)?;
+                let present = pfn_present(pfns[i]);
+                let w = sysmem_query_word(present, st.any_maps(base / BLOCK_BYTES as u64, i));
+                // Within the capacity of `n` words: nothing is allocated under the lock.
+                out.push_within_capacity(w).map_err(|_| EINVAL)?;
             }
             drop(st);
             req[k..stop].fill(0);

@@ -237,6 +237,14 @@ impl<'g> MirrorPage<'g> {
     }
 }
 
+/// Whether HMM pfn `pfn` of a snapshot names a page the process maps (its bits only: the
+/// page itself is not touched, so no current sequence is needed, as for a residency query).
+pub(crate) fn pfn_present(pfn: c_ulong) -> bool {
+    let mut writable = false;
+    // SAFETY: decodes bits and computes a pointer, which is not dereferenced here.
+    !unsafe { gmem_mirror_page(pfn, &mut writable) }.is_null()
+}
+
 /// Pages of one 2 MiB block, a bit each (bit `k` of word `k / 64`: page `k`).
 pub(crate) type BlockBits = [u64; BLOCK_PAGES / 64];
 
@@ -278,9 +286,14 @@ impl MirrorState {
         MirrorState { devs: [const { None }; MAX_DEVICES], mapped: 0, invalidations: 0 }
     }
 
-    /// Whether some device maps page `k` of block `block`.
+    /// Whether some device maps page `k` of block `block` (one that unregistered maps
+    /// nothing, whatever its record still says).
     pub(crate) fn any_maps(&self, block: u64, k: usize) -> bool {
-        self.devs.iter().flatten().any(|m| m.blocks.get(&block).is_some_and(|b| b.pages[k / 64] & (1 << (k % 64)) != 0))
+        self.devs
+            .iter()
+            .flatten()
+            .filter(|m| m.dev.alive())
+            .any(|m| m.blocks.get(&block).is_some_and(|b| b.pages[k / 64] & (1 << (k % 64)) != 0))
     }
 
     /// What `dev` maps of block `block`.

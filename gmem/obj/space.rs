@@ -264,8 +264,10 @@ impl Space {
         mirror::check(&self.mm, addr, write)?;
         // SAFETY: `self` is pinned (spaces live in `Arc`s) and outlives the notifier, which
         // `PinnedDrop` removes before anything else of the space goes.
-        let n = Arc::new(unsafe { Notifier::new(&self.mm, core::ptr::from_ref(self).cast(), chunk) }?, GFP_KERNEL)?;
-        tree.try_create_and_insert(chunk, n.clone(), GFP_KERNEL)?;
+        // Charged to the caller's memory cgroup (the process, for its own faults).
+        let n =
+            Arc::new(unsafe { Notifier::new(&self.mm, core::ptr::from_ref(self).cast(), chunk) }?, GFP_KERNEL_ACCOUNT)?;
+        tree.try_create_and_insert(chunk, n.clone(), GFP_KERNEL_ACCOUNT)?;
         Ok(n)
     }
 

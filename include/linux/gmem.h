@@ -344,14 +344,17 @@ void *gmem_space_ctx(struct gmem_dev *dev, struct gmem_space *space);
  * not from a callback, nor with the space's mmap lock or a lock a callback takes held.
  * Return: 0, or (the device must fail the kernel that faulted):
  * -EFAULT an address is neither in a GMEM region of @space nor in a readable mapping of
- * the process that gmem can mirror (not VM_IO/VM_PFNMAP/VM_MIXEDMAP), the device has no
- * @map_prepare for one outside the regions, the region was torn down concurrently, or
- * the process is exiting;
- * -EPERM a write to process memory the process may only read (outside GMEM regions);
+ * the process that gmem can mirror (not VM_IO/VM_PFNMAP/VM_MIXEDMAP, not memfd_secret),
+ * or is one that no device can map (device memory), the device has no @map_prepare for
+ * one outside the regions, the region was torn down concurrently, or the process is
+ * exiting;
+ * -EPERM a write to process memory the process may only read, or to a shadow stack
+ * (outside GMEM regions);
+ * -EINTR a fatal signal while faulting in process memory;
  * -ENODEV the device, or a device a page must be copied from or to, is unregistering;
  * -EBUSY the page is pinned on another device; or (process memory outside the regions)
  * the process kept changing that memory while it was faulted in (64 snapshots in a row
- * went stale);
+ * went stale, or a second without progress);
  * -ENOMEM no device frame could be freed (all pinned, eviction failed, or 32
  * evict-and-retry rounds did not get one) or host memory ran out;
  * -EIO a page's data was lost when the device holding it was unregistered;

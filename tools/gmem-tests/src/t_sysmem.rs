@@ -8,7 +8,7 @@
 use crate::harness::{open, Test, TestResult};
 use crate::{ensure, expect_errno, ok};
 use libgmem::sim::{checksum, Sim};
-use libgmem::{GMEM_ADVF_ASYNC, GMEM_ADV_ACCESSED_BY, GMEM_ADV_PREFETCH, GMEM_HOST};
+use libgmem::{GMEM_ADVF_ASYNC, GMEM_ADV_ACCESSED_BY, GMEM_ADV_PREFETCH, GMEM_HOST, GMEM_Q_REMOTE};
 use std::os::unix::fs::FileExt;
 
 const PAGE: usize = 4096;
@@ -362,7 +362,7 @@ fn sysmem_device_access_races_munmap() -> TestResult {
 /// a device; nothing faulted in by asking; a range running into unmapped space, or an
 /// unmapped address, is ENOENT.
 fn sysmem_query_reports_residency() -> TestResult {
-    use libgmem::{GMEM_LOC_HOST, GMEM_LOC_NONE, GMEM_Q_CPU_MAPPED, GMEM_Q_REMOTE};
+    use libgmem::{GMEM_LOC_HOST, GMEM_LOC_NONE, GMEM_Q_CPU_MAPPED};
     let (g, s) = open()?;
     let m = Anon::new(8 * PAGE, libc::PROT_READ | libc::PROT_WRITE)?;
     // Page by page: no large folio populates neighbours of a faulted page.
@@ -421,6 +421,19 @@ fn sysmem_prefetch_maps_ahead() -> TestResult {
     expect_errno!(g.advise(m.addr, m.len as u64, GMEM_ADV_ACCESSED_BY, 0, 0), libc::ENOENT);
     expect_errno!(g.advise(0x10000, 4096, GMEM_ADV_PREFETCH, 0, 0), libc::ENOENT);
     expect_errno!(g.advise(0x10000, 4096, GMEM_ADV_PREFETCH, 0, GMEM_ADVF_ASYNC), libc::ENOENT);
+    // The top 2 MiB block of user space (whose last page is not user space) works too.
+    let top = 0x7fff_fffe_0000u64;
+    match Anon::at(top as *mut libc::c_void, 16 * PAGE, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_FIXED_NOREPLACE) {
+        Ok(t) => {
+            ok!(s.fill(t.addr, t.len as u64, 0x77));
+            ensure!(t.words().iter().enumerate().all(|(i, &w)| w == 0x77 + i as u32), "fill at the top not seen");
+            ok!(g.advise(t.addr, t.len as u64, GMEM_ADV_PREFETCH, 0, 0));
+            ensure!(ok!(g.query(t.addr, 16)).iter().all(|&w| w & GMEM_Q_REMOTE != 0), "QUERY at the top");
+        }
+        // Something of the process is there already (the stack without ASLR): nothing to
+        // check at this address.
+        Err(e) => println!("# top of user space not free: {e}"),
+    }
     Ok(())
 }
 
