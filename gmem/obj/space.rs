@@ -19,7 +19,7 @@ use kernel::{
     mm::{Mm, MmWithUser},
     new_mutex,
     prelude::*,
-    rbtree::RBTree,
+    rbtree::{RBTree, RBTreeNode},
     sync::{aref::ARef, global_lock, Arc, Mutex},
 };
 
@@ -69,8 +69,8 @@ pub(crate) struct Space {
     pub(crate) mirror: Mutex<MirrorState>,
     /// The MMU interval notifiers that keep `mirror` coherent, by chunk of
     /// `mirror::CHUNK_BYTES`: registered on the first device fault outside the regions in
-    /// their chunk, removed first thing when the space is dropped. Taken with no other lock
-    /// (registration may take the mmap lock).
+    /// their chunk, removed first thing when the space is dropped. A leaf lock: only tree
+    /// operations under it (registration, which may take the mmap lock, happens outside).
     #[pin]
     notifiers: Mutex<RBTree<u64, Arc<Notifier>>>,
     pub(crate) stats: SpaceStats,
@@ -257,17 +257,28 @@ impl Space {
     /// Call with no lock held (this takes the mmap lock) and a user reference on the mm.
     pub(crate) fn notifier(&self, addr: u64, write: bool) -> Result<Arc<Notifier>> {
         let chunk = addr / CHUNK_BYTES;
-        let mut tree = self.notifiers.lock();
-        if let Some(n) = tree.get(&chunk) {
+        if let Some(n) = self.notifiers.lock().get(&chunk) {
             return Ok(n.clone());
         }
+        // Checked and registered without `notifiers` held: both may take the mmap lock,
+        // and `notifiers` is a leaf (the space's drop takes it, which can run under
+        // `Device::evict_lock`, itself taken under the mmap lock).
         mirror::check(&self.mm, addr, write)?;
         // SAFETY: `self` is pinned (spaces live in `Arc`s) and outlives the notifier, which
         // `PinnedDrop` removes before anything else of the space goes.
         // Charged to the caller's memory cgroup (the process, for its own faults).
         let n =
             Arc::new(unsafe { Notifier::new(&self.mm, core::ptr::from_ref(self).cast(), chunk) }?, GFP_KERNEL_ACCOUNT)?;
-        tree.try_create_and_insert(chunk, n.clone(), GFP_KERNEL_ACCOUNT)?;
+        let node = RBTreeNode::new(chunk, n.clone(), GFP_KERNEL_ACCOUNT)?;
+        let mut tree = self.notifiers.lock();
+        if let Some(first) = tree.get(&chunk) {
+            // Another fault registered the chunk meanwhile: use its notifier; ours is
+            // removed when `n` and `node` drop (after the lock: removal may sleep).
+            let first = first.clone();
+            drop(tree);
+            return Ok(first);
+        }
+        drop(tree.insert(node));
         Ok(n)
     }
 
@@ -296,7 +307,8 @@ impl PinnedDrop for Space {
         // released below (nor the space itself). Nobody uses the space any more (this is
         // its last reference): no device runs in it, so the entries left in its contexts
         // are never used before `ctx_destroy` drops them.
-        for n in self.notifiers.lock().values() {
+        let notifiers = core::mem::take(&mut *self.notifiers.lock());
+        for n in notifiers.values() {
             n.remove();
         }
         let mut ctxs = self.ctxs.lock();
