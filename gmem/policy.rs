@@ -4,6 +4,8 @@
 
 #[path = "../policy/src/batch.rs"]
 pub(crate) mod batch;
+#[path = "../policy/src/bits.rs"]
+pub(crate) mod bits;
 #[path = "../policy/src/evict.rs"]
 pub(crate) mod evict;
 #[path = "../policy/src/frames.rs"]

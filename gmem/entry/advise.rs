@@ -107,7 +107,7 @@ fn advise_until(space: &Space, a: &Advice, cancel: Option<&Arc<AtomicBool>>) -> 
         }
         let r = sysmem::prefetch(&dev, space, start, end, cancel);
         // No mapping there (or none gmem mirrors): the range is in no region and no memory.
-        return r.map_err(|e| if e == EFAULT { ENOENT } else { e });
+        return r.map_err(sysmem::no_mapping_is_enoent);
     }
     let (region, r) = locate(space, a)?;
     let (first, count) = (r.first as usize, r.count as usize);
@@ -249,7 +249,7 @@ fn sysmem_range(space: &Space, a: &Advice) -> Result<Option<(u64, u64)>> {
     // address in no region before).
     // The process is exiting: as for a region (EFAULT).
     let _mm = space.mm_user().ok_or(EFAULT)?;
-    mirror::check(space.mm(), a.addr & !0xfff, false).map_err(|e| if e == EFAULT { ENOENT } else { e })?;
+    mirror::check(space.mm(), a.addr & !0xfff, false).map_err(sysmem::no_mapping_is_enoent)?;
     // Widened outward to pages, as for a region, within the whole address space.
     let r = range::outward(0, !0xfff, a.addr, a.len).map_err(range_errno)?;
     let start = r.first.checked_mul(4096).ok_or(EOVERFLOW)?;

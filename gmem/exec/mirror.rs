@@ -16,6 +16,7 @@ use crate::obj::mirror::{
 };
 use crate::obj::region::BLOCK_BYTES;
 use crate::obj::space::Space;
+use crate::policy::bits;
 use kernel::{
     ffi::{c_ulong, c_void},
     prelude::*,
@@ -172,20 +173,13 @@ fn take_runs(blocks: &mut RBTree<u64, Mapped>, start: u64, end: u64, mut f: impl
         }
         let base = block * BLOCK_BYTES as u64;
         let (lo, hi) = pages_in(base, start, end);
-        let mut k = lo;
-        while k < hi {
-            if mapped.pages[k / 64] & (1 << (k % 64)) == 0 {
-                k += 1;
-                continue;
-            }
-            let run = k;
-            while k < hi && mapped.pages[k / 64] & (1 << (k % 64)) != 0 {
-                mapped.pages[k / 64] &= !(1 << (k % 64));
-                mapped.writable[k / 64] &= !(1 << (k % 64));
-                k += 1;
-            }
-            f(base + run as u64 * PAGE, (k - run) as u64);
-            taken += (k - run) as u64;
+        // Over a copy: the runs are cleared as they are taken.
+        let pages = mapped.pages;
+        for (r0, r1) in bits::runs(&pages, lo, hi) {
+            bits::clear(&mut mapped.pages, r0, r1);
+            bits::clear(&mut mapped.writable, r0, r1);
+            f(base + r0 as u64 * PAGE, (r1 - r0) as u64);
+            taken += (r1 - r0) as u64;
         }
         cursor = if count(&mapped.pages) == 0 {
             // Freeing a node is allowed here (no reclaim).
@@ -269,17 +263,8 @@ fn any_mapped(st: &mut MirrorState, start: u64, end: u64) -> bool {
 fn take_pages(blocks: &mut RBTree<u64, Mapped>, block: u64, pages: &BlockBits, mut f: impl FnMut(u64, u64)) -> u64 {
     let base = block * BLOCK_BYTES as u64;
     let mut taken = 0;
-    let mut k = 0;
-    while k < BLOCK_PAGES {
-        if pages[k / 64] & (1 << (k % 64)) == 0 {
-            k += 1;
-            continue;
-        }
-        let run = k;
-        while k < BLOCK_PAGES && pages[k / 64] & (1 << (k % 64)) != 0 {
-            k += 1;
-        }
-        let (va, n) = (base + run as u64 * PAGE, (k - run) as u64);
+    for (r0, r1) in bits::runs(pages, 0, BLOCK_PAGES) {
+        let (va, n) = (base + r0 as u64 * PAGE, (r1 - r0) as u64);
         f(va, n);
         taken += take_runs(blocks, va, va + n * PAGE, |_, _| {});
     }
@@ -297,7 +282,7 @@ fn any_in(blocks: &mut RBTree<u64, Mapped>, start: u64, end: u64) -> bool {
             return false;
         }
         let (lo, hi) = pages_in(block * BLOCK_BYTES as u64, start, end);
-        if (lo..hi).any(|k| mapped.pages[k / 64] & (1 << (k % 64)) != 0) {
+        if bits::runs(&mapped.pages, lo, hi).next().is_some() {
             return true;
         }
         cursor = c.move_next();

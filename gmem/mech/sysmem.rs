@@ -10,7 +10,7 @@
 
 use crate::exec::mirror;
 use crate::obj::device::{DevStats, Device};
-use crate::obj::mirror::{pfn_present, Mapped, Notifier, BLOCK_PAGES, CHUNK_BYTES, REQ_LOOK, REQ_READ, REQ_WRITE};
+use crate::obj::mirror::{pfn_present, Mapped, BLOCK_PAGES, REQ_LOOK, REQ_READ, REQ_WRITE};
 use crate::obj::region::{block_base, BLOCK_BYTES};
 use crate::obj::sched;
 use crate::obj::space::Space;
@@ -38,15 +38,11 @@ pub(crate) fn device_fault(dev: &Arc<Device>, space: &Space, addrs: &[u64], writ
     let mut req = KBox::new([0u8; BLOCK_PAGES], GFP_KERNEL)?;
     let mut ptes = KVec::with_capacity(BLOCK_PAGES, GFP_KERNEL)?;
     let mut node: Option<RBTreeNode<u64, Mapped>> = None;
-    let mut notifier: Option<(u64, Arc<Notifier>)> = None;
     for block in batch::by_block(addrs) {
         let Some(&a0) = block.first() else { continue };
         let base = block_base(usize::try_from(a0).map_err(|_| EFAULT)?) as u64;
         // The notifier of the block's chunk (blocks never straddle chunks).
-        let notifier = match notifier.take() {
-            Some((chunk, n)) if chunk == base / CHUNK_BYTES => notifier.insert((chunk, n)).1.clone(),
-            _ => notifier.insert((base / CHUNK_BYTES, space.notifier(a0, write)?)).1.clone(),
-        };
+        let notifier = space.notifier(a0, write)?;
         req.fill(0);
         for &a in block {
             let k = ((a - base) / 4096) as usize;
@@ -79,6 +75,16 @@ pub(crate) fn device_fault(dev: &Arc<Device>, space: &Space, addrs: &[u64], writ
     Ok(())
 }
 
+/// For the ioctls (QUERY, ADVISE), which name an address in no region and no mapping
+/// `ENOENT`: the mirror's `EFAULT` (no mapping gmem mirrors there) becomes that.
+pub(crate) fn no_mapping_is_enoent(e: Error) -> Error {
+    if e == EFAULT {
+        ENOENT
+    } else {
+        e
+    }
+}
+
 /// QUERY of `n` pages from `addr` (page aligned), none of them in a region: one state word
 /// per page (`policy::page_state::sysmem_query_word`): on the host if the process maps a
 /// page there, and whether a device maps it. Nothing is faulted in. `ENOENT` if a page
@@ -94,13 +100,13 @@ pub(crate) fn query(space: &Space, addr: u64, n: usize) -> Result<KVVec<u32>> {
     while a < end {
         let base = block_base(usize::try_from(a).map_err(|_| ENOENT)?) as u64;
         let (k0, k1) = (((a - base) / 4096) as usize, core::cmp::min(BLOCK_PAGES as u64, (end - base) / 4096) as usize);
-        let notifier = space.notifier(a, false).map_err(|e| if e == EFAULT { ENOENT } else { e })?;
+        let notifier = space.notifier(a, false).map_err(no_mapping_is_enoent)?;
         req.fill(0);
         req[k0..k1].fill(REQ_LOOK);
         let mut k = k0;
         // One walk per VMA the pages lie in.
         while k < k1 {
-            let snap = notifier.fault(base, &req, &mut pfns).map_err(|e| if e == EFAULT { ENOENT } else { e })?;
+            let snap = notifier.fault(base, &req, &mut pfns).map_err(no_mapping_is_enoent)?;
             if k < snap.first || k >= snap.first + snap.count {
                 // The walk (of the VMA of the first page asked for) missed that page.
                 return Err(ENOENT);

@@ -31,6 +31,7 @@
 
 use crate::obj::device::{Ctx, Device};
 use crate::obj::devices::MAX_DEVICES;
+use crate::policy::bits;
 use core::marker::PhantomData;
 use core::ptr::NonNull;
 use core::sync::atomic::{AtomicPtr, Ordering};
@@ -293,7 +294,7 @@ impl MirrorState {
             .iter()
             .flatten()
             .filter(|m| m.dev.alive())
-            .any(|m| m.blocks.get(&block).is_some_and(|b| b.pages[k / 64] & (1 << (k % 64)) != 0))
+            .any(|m| m.blocks.get(&block).is_some_and(|b| bits::test(&b.pages, k)))
     }
 
     /// What `dev` maps of block `block`.

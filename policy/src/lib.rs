@@ -10,6 +10,7 @@
 extern crate std;
 
 pub mod batch;
+pub mod bits;
 pub mod evict;
 pub mod frames;
 pub mod page_state;
