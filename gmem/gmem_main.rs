@@ -60,6 +60,7 @@ mod mech {
 
 /// The block executor.
 mod exec {
+    pub(crate) mod dpriv;
     pub(crate) mod migrate;
     pub(crate) mod mirror;
     pub(crate) mod multipath;
@@ -70,6 +71,7 @@ mod obj {
     pub(crate) mod device;
     pub(crate) mod devices;
     pub(crate) mod dmem;
+    pub(crate) mod dpriv;
     pub(crate) mod fence;
     pub(crate) mod host_page;
     pub(crate) mod meta;

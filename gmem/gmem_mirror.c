@@ -98,8 +98,9 @@ bool gmem_mirror_retry(struct gmem_mirror *m, unsigned long seq)
 
 #define GMEM_MIRROR_NOT_MIRRORED (VM_IO | VM_PFNMAP | VM_MIXEDMAP)
 
-/* 0 if gmem may mirror @vma for this access, else the errno of the fault. */
-static int gmem_mirror_check_vma(struct vm_area_struct *vma, bool write)
+int gmem_mirror_vma_ok(struct vm_area_struct *vma, bool write);
+/* 0 if gmem may mirror @vma for this access, else the errno of the fault (also gmem_dpriv.c). */
+int gmem_mirror_vma_ok(struct vm_area_struct *vma, bool write)
 {
 	if (!vma || (vma->vm_flags & GMEM_MIRROR_NOT_MIRRORED) || !(vma->vm_flags & VM_READ))
 		return -EFAULT;
@@ -135,18 +136,22 @@ int gmem_mirror_check(struct mm_struct *mm, unsigned long addr, bool write)
 	ret = mmap_read_lock_killable(mm);
 	if (ret)
 		return ret;
-	ret = gmem_mirror_check_vma(vma_lookup(mm, addr), write);
+	ret = gmem_mirror_vma_ok(vma_lookup(mm, addr), write);
 	mmap_read_unlock(mm);
 	return ret;
 }
 
-int gmem_mirror_fault(struct gmem_mirror *m, unsigned long start, const u8 *req, unsigned long npages,
-		      unsigned long *pfns, unsigned long *first, unsigned long *count, unsigned long *seq);
+int gmem_mirror_fault(struct gmem_mirror *m, void *owner, unsigned long start, const u8 *req,
+		      unsigned long npages, unsigned long *pfns, unsigned long *first, unsigned long *count,
+		      unsigned long *seq);
 /*
  * Snapshots the pages of [@start, @start + @npages pages) that lie in the VMA of the first
  * requested page, faulting in the requested ones (and only those) as a CPU access would. @req[i] is 0 (look,
  * do not fault), 1 (fault for reading), 2 (fault for writing) or 3 (look, but start the walk
  * here if it is the first nonzero one); at least one is nonzero.
+ * Device-private pages of @owner (a device's pagemap, gmem_dpriv.c, or NULL) are reported
+ * as they are (gmem_dpriv_frame() decodes them); other device-private pages are faulted
+ * back to host memory if requested, else reported absent.
  * On 0, pages [@first, @first + @count) of the range were walked: @pfns[i] holds their
  * HMM pfns (see gmem_mirror_page()), the others 0, and @seq the notifier sequence that a
  * later gmem_mirror_retry() validates. No mmap lock held on entry or return.
@@ -155,8 +160,9 @@ int gmem_mirror_fault(struct gmem_mirror *m, unsigned long start, const u8 *req,
  * -EPERM a write to a read-only mapping or a shadow stack; -EBUSY invalidations kept racing for a second;
  * -EINTR a fatal signal; -ENOMEM.
  */
-int gmem_mirror_fault(struct gmem_mirror *m, unsigned long start, const u8 *req, unsigned long npages,
-		      unsigned long *pfns, unsigned long *first, unsigned long *count, unsigned long *seq)
+int gmem_mirror_fault(struct gmem_mirror *m, void *owner, unsigned long start, const u8 *req,
+		      unsigned long npages, unsigned long *pfns, unsigned long *first, unsigned long *count,
+		      unsigned long *seq)
 {
 	struct mm_struct *mm = m->notifier.mm;
 	unsigned long deadline = jiffies + msecs_to_jiffies(HMM_RANGE_DEFAULT_TIMEOUT);
@@ -166,6 +172,7 @@ int gmem_mirror_fault(struct gmem_mirror *m, unsigned long start, const u8 *req,
 	struct hmm_range range = {
 		.notifier = &m->notifier,
 		.pfn_flags_mask = HMM_PFN_REQ_FAULT | HMM_PFN_REQ_WRITE,
+		.dev_private_owner = owner,
 	};
 	int ret;
 
@@ -195,7 +202,7 @@ int gmem_mirror_fault(struct gmem_mirror *m, unsigned long start, const u8 *req,
 			return -EFAULT;
 		}
 		vma = vma_lookup(mm, start + (want << PAGE_SHIFT));
-		ret = gmem_mirror_check_vma(vma, write);
+		ret = gmem_mirror_vma_ok(vma, write);
 		if (ret) {
 			mmap_read_unlock(mm);
 			return ret;

@@ -8,6 +8,7 @@
 //! one region. Lock order as in the fault paths: mmap lock -> region pages.
 
 use crate::mech::{moves, sysmem};
+use crate::obj::device::Device;
 use crate::obj::devices;
 use crate::obj::mirror;
 use crate::obj::region::{adv, Region};
@@ -95,19 +96,8 @@ pub(crate) fn advise(space: &Space, a: &Advice) -> Result {
 /// advice sees it, see `moves.rs`).
 fn advise_until(space: &Space, a: &Advice, cancel: Option<&Arc<AtomicBool>>) -> Result {
     if let Some((start, end)) = sysmem_range(space, a)? {
-        // Ordinary process memory stays on the host (this version migrates none of it):
-        // a PREFETCH to a device maps it there now, one to the host has nothing to do.
-        if a.dev == HOST {
-            return Ok(());
-        }
-        let dev = devices::get(usize::from(device_id(a.dev)?)).ok_or(ENODEV)?;
-        if !dev.maps_sysmem() {
-            // Its driver has no `map_prepare`: it cannot map the process's own pages.
-            return Err(EOPNOTSUPP);
-        }
-        let r = sysmem::prefetch(&dev, space, start, end, cancel);
         // No mapping there (or none gmem mirrors): the range is in no region and no memory.
-        return r.map_err(sysmem::no_mapping_is_enoent);
+        return sysmem_advise(space, a, start, end, cancel).map_err(sysmem::no_mapping_is_enoent);
     }
     let (region, r) = locate(space, a)?;
     let (first, count) = (r.first as usize, r.count as usize);
@@ -131,7 +121,7 @@ fn advise_until(space: &Space, a: &Advice, cancel: Option<&Arc<AtomicBool>>) -> 
         }
         UNSET_PREFERRED_LOC => hint(false, adv::PREF_MASK),
         ACCESSED_BY => hint(true, 1 << device_id(a.dev)?),
-        UNSET_ACCESSED_BY => hint(false, 1 << device_id(a.dev)?),
+        UNSET_ACCESSED_BY => hint(false, 1u32 << device_id(a.dev)?),
         READ_MOSTLY => hint(true, adv::READ_MOSTLY),
         UNSET_READ_MOSTLY => hint(false, adv::READ_MOSTLY),
         PREFETCH | PIN | UNPIN | DONTNEED => {
@@ -151,6 +141,47 @@ fn advise_until(space: &Space, a: &Advice, cancel: Option<&Arc<AtomicBool>>) -> 
             moves::move_pages(&region, first, count, event, target, cancel)
         }
         _ => Err(EINVAL),
+    }
+}
+
+/// Advice on ordinary process memory, `[start, end)` (page aligned, its first page in no
+/// region but in a mapping gmem mirrors): a PREFETCH to a device migrates what can move
+/// into its memory and maps the range there, one to the host brings migrated pages back;
+/// PREFERRED_LOC and ACCESSED_BY are recorded for the space and steer its device faults
+/// there (mech/sysmem.rs).
+fn sysmem_advise(space: &Space, a: &Advice, start: u64, end: u64, cancel: Option<&Arc<AtomicBool>>) -> Result {
+    // A device whose driver has no `map_prepare` cannot map the process's own pages.
+    let dev = || -> Result<Arc<Device>> {
+        let dev = devices::get(usize::from(device_id(a.dev)?)).ok_or(ENODEV)?;
+        if dev.maps_sysmem() {
+            Ok(dev)
+        } else {
+            Err(EOPNOTSUPP)
+        }
+    };
+    let r = PageRange { first: start / 4096, count: (end - start) / 4096 };
+    let hint = |set: bool, bits: u32| -> Result {
+        let mut m = space.sysmem_advice.lock();
+        let res = if set { m.set(r, bits) } else { m.clear(r, bits) };
+        res.map_err(|_| E2BIG)
+    };
+    match a.advice {
+        PREFETCH if a.dev == HOST => sysmem::prefetch_host(space, start, end, cancel),
+        PREFETCH => sysmem::prefetch(&dev()?, space, start, end, cancel),
+        PREFERRED_LOC => {
+            let v = if a.dev == HOST { adv::PREF_HOST } else { u32::from(dev()?.id as u8) + 1 };
+            let mut cur = space.sysmem_advice.lock();
+            let mut m = *cur;
+            m.clear(r, adv::PREF_MASK).map_err(|_| E2BIG)?;
+            m.set(r, v << adv::PREF_SHIFT).map_err(|_| E2BIG)?;
+            *cur = m;
+            Ok(())
+        }
+        UNSET_PREFERRED_LOC => hint(false, adv::PREF_MASK),
+        ACCESSED_BY => hint(true, 1u32 << dev()?.id),
+        UNSET_ACCESSED_BY => hint(false, 1u32 << device_id(a.dev)?),
+        // READ_MOSTLY, PIN, UNPIN, DONTNEED: regions only.
+        _ => Err(ENOENT),
     }
 }
 
@@ -237,12 +268,13 @@ pub(crate) fn check_range(space: &Space, a: &Advice) -> Result {
     }
 }
 
-/// The page-aligned byte range of a PREFETCH whose first page is in no region (ordinary
-/// process memory, mech/sysmem.rs); `None` for any other advice or range, which needs a
-/// region.
+/// The page-aligned byte range of advice that ordinary process memory takes (PREFETCH,
+/// PREFERRED_LOC, ACCESSED_BY and their unsets) whose first page is in no region
+/// (mech/sysmem.rs); `None` for any other advice or range, which needs a region.
 fn sysmem_range(space: &Space, a: &Advice) -> Result<Option<(u64, u64)>> {
     let addr = usize::try_from(a.addr).map_err(|_| EINVAL)?;
-    if a.advice != PREFETCH || space.region_at(addr).is_some() {
+    let takes = matches!(a.advice, PREFETCH | PREFERRED_LOC | UNSET_PREFERRED_LOC | ACCESSED_BY | UNSET_ACCESSED_BY);
+    if !takes || space.region_at(addr).is_some() {
         return Ok(None);
     }
     // In no region and no mapping: ENOENT, before anything about the range (as for an

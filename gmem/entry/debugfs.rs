@@ -115,6 +115,14 @@ fn show_device(d: &Device, f: &mut fmt::Formatter<'_>) -> fmt::Result {
     )?;
     writeln!(f, "  locks: pool={}", g(&s.pool_locks))?;
     writeln!(f, "  mirror: faults={} mapped={}", g(&s.mirror_faults), g(&s.mirror_mapped))?;
+    writeln!(
+        f,
+        "  sysmem: frames={} in={} out={} evicted={}",
+        d.frames_sysmem(),
+        g(&s.sysmem_in),
+        g(&s.sysmem_out),
+        g(&s.sysmem_evicted)
+    )?;
     let l = d.links();
     writeln!(
         f,

@@ -24,7 +24,7 @@
 //! No callback of the device runs after it returns.
 
 use crate::abi::{GmemDevHandle, GmemDevOps, GmemDevProps, GmemSpaceHandle, GMEM_ACCESS_READ, GMEM_ACCESS_WRITE};
-use crate::exec::mirror;
+use crate::exec::{dpriv, mirror};
 use crate::mech::{evacuate, fault};
 use crate::obj::device::{CDriver, Device};
 use crate::obj::devices;
@@ -73,7 +73,13 @@ pub(crate) unsafe extern "C" fn gmem_dev_unregister(dev: *mut GmemDevHandle) {
     dev.kill();
     // The node goes first: no attribute reads a device that is being emptied.
     super::sysfs::remove(dev.id);
+    // No migration of process memory lands on it any more (they run in placing sections,
+    // begun only while it was alive)...
+    dev.wait_placing();
     evacuate::evacuate_device(&dev);
+    // ...so what it holds of process memory can all go back to the host now, with the
+    // driver still running; then its device-private pagemap goes.
+    dpriv::evacuate(&dev);
     // Its entries of ordinary process memory (nothing to save: the process owns those
     // pages) go while the driver still runs, and with them its record in each space.
     match space::all() {

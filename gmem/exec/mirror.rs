@@ -33,11 +33,24 @@ pub(crate) fn prepare(dev: &Device, ctx: Ctx, va: u64, npages: usize) -> Result 
     ops.map_prepare(ctx, va, npages as u64)
 }
 
+/// What [`map_snapshot`] did.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mapping {
+    /// The snapshot's pages are mapped.
+    Done,
+    /// The snapshot went stale or the driver needs `prepare` again: take a new one.
+    Again,
+    /// The device asked to write a page migrated to it whose CPU entry is read-only: bring
+    /// the block's pages back to the host (the write then faults them in as the CPU would),
+    /// and take a new snapshot.
+    Unshare,
+}
+
 /// Maps on `dev` the pages of `snap` (block at `base`, HMM pfns `pfns`) that the process
-/// maps: writable where the device asked to write (`req`) and the CPU mapping allows it,
-/// else read-only. `ptes` (capacity `BLOCK_PAGES`) and `node` are allocated by the caller.
-/// `Ok(false)` if the snapshot went stale or the driver needs `prepare` again: take a new
-/// one. `EFAULT` if a page the device asked for is not one it can map (device memory).
+/// maps: its host pages remotely, pages migrated to `dev` in their frames; writable where
+/// the device asked to write (`req`) and the CPU mapping allows it, else read-only. `ptes`
+/// (capacity `BLOCK_PAGES`) and `node` are allocated by the caller. `EFAULT` if a page the
+/// device asked for is not one it can map (device memory of someone else).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn map_snapshot(
     dev: &Arc<Device>,
@@ -50,9 +63,9 @@ pub(crate) fn map_snapshot(
     req: &[u8; BLOCK_PAGES],
     ptes: &mut KVec<GmemPte>,
     node: &mut Option<RBTreeNode<u64, Mapped>>,
-) -> Result<bool> {
+) -> Result<Mapping> {
     let ops = dev.ops().ok_or(ENODEV)?;
-    let Some(mut st) = notifier.lock_current(&space.mirror, snap)? else { return Ok(false) };
+    let Some(mut st) = notifier.lock_current(&space.mirror, snap)? else { return Ok(Mapping::Again) };
     // Checked under the mirror lock: unregistration kills the device before it forgets its
     // record (`forget_device`, which takes this lock), so nothing is recorded after that.
     if !dev.alive() {
@@ -70,21 +83,31 @@ pub(crate) fn map_snapshot(
         if (req[i] == 0 && had.pages[w] & bit != 0) || (req[i] != REQ_WRITE && had.writable[w] & bit != 0) {
             continue;
         }
-        let Some(p) = MirrorPage::of(&st, pfns[i]) else {
+        let (host, frame, writable) = if let Some(p) = MirrorPage::of(&st, pfns[i]) {
+            let writable = p.writable;
+            (Some(p), 0, writable)
+        } else if let Some((f, writable)) = dev.dpriv.as_ref().and_then(|pm| pm.frame_of(pfns[i])) {
+            if req[i] == REQ_WRITE && !writable {
+                return Ok(Mapping::Unshare);
+            }
+            (None, u64::from(f), writable)
+        } else {
             if req[i] != 0 {
                 return Err(EFAULT);
             }
             continue;
         };
-        let write = req[i] == REQ_WRITE && p.writable;
+        let write = req[i] == REQ_WRITE && writable;
         if write {
-            p.mark_dirty();
+            if let Some(p) = &host {
+                p.mark_dirty();
+            }
             new.writable[w] |= bit;
         }
         let pte = GmemPte {
             va: base + i as u64 * PAGE,
-            frame: 0,
-            host: p.page.as_ptr(),
+            frame,
+            host: host.map_or(core::ptr::null_mut(), |p| p.page.as_ptr()),
             prot: GMEM_PROT_READ | if write { GMEM_PROT_WRITE } else { 0 },
             flags: GMEM_PTE_SYSMEM,
         };
@@ -93,7 +116,7 @@ pub(crate) fn map_snapshot(
         new.pages[w] |= bit;
     }
     if ptes.is_empty() {
-        return Ok(true);
+        return Ok(Mapping::Done);
     }
     // Recorded before the driver sees them: an entry installed by a `map` that then fails
     // is still unmapped by the next invalidation.
@@ -117,9 +140,9 @@ pub(crate) fn map_snapshot(
     match r {
         Ok(()) => {
             DevStats::add(&dev.stats.mirror_mapped, ptes.len() as u64);
-            Ok(true)
+            Ok(Mapping::Done)
         }
-        Err(e) if e == EAGAIN => Ok(false),
+        Err(e) if e == EAGAIN => Ok(Mapping::Again),
         Err(e) => Err(e),
     }
 }

@@ -25,6 +25,7 @@
 //! Lock order: `Device::evict_lock` -> a block's pages (`Block::pages`) -> `Space::ctxs` -> `Device::frames`.
 //! Eviction never runs with a block lock held by its caller.
 
+use crate::exec::dpriv;
 use crate::exec::migrate::Step;
 use crate::exec::migrate::{self, Env};
 use crate::obj::device::{Ctx, DevStats, Device, DeviceOps, Owner, F_PREFERRED_SPARED};
@@ -296,6 +297,7 @@ fn evict_victim(
 /// called with no block lock held.
 pub(crate) fn make_room(dev: &Arc<Device>, want: usize, why: Why, within: Option<Within<'_>>) -> usize {
     let _one = dev.evict_lock.lock();
+    dev.drain_released();
     let limit = within.map(|w| w.limit);
     // Another evictor may have made room while we waited for the lock: free frames, or for
     // a cgroup at its limit, room under its limit.
@@ -330,16 +332,27 @@ pub(crate) fn make_room(dev: &Arc<Device>, want: usize, why: Why, within: Option
             }
             break;
         }
+        // Frames of process memory (no region owner) leave together, through the pagemap.
+        let mut sysmem: KVec<u64> = KVec::new();
         for (f, who) in victims.iter() {
             // Faults take the whole cold 2 MiB neighbourhood (the stream moves on anyway);
             // the background worker and reclaim stay within their target.
             let budget =
                 if matches!(why, Why::Background | Why::Reclaim) { want.saturating_sub(freed) } else { usize::MAX };
+            let Some(who) = who else {
+                if sysmem.push(u64::from(*f), GFP_KERNEL).is_err() {
+                    break 'rounds;
+                }
+                continue;
+            };
             match evict_victim(dev, *f, who, &peer, budget, limit) {
                 Ok(n) => freed += n,
                 // Host memory is exhausted: every further victim would fail the same way.
                 Err(_) => break 'rounds,
             }
+        }
+        if !sysmem.is_empty() {
+            freed += dpriv::evict(dev, &sysmem);
         }
     }
     if why == Why::Background {
@@ -400,6 +413,8 @@ fn write_back_parked(dev: &Device) {
 
 /// The background worker of one device (runs on gmem's workqueue).
 pub(crate) fn background(dev: &Arc<Device>) {
+    // Frames of freed device-private pages come back here (exec/dpriv.rs).
+    dev.drain_released();
     if !dev.alive() {
         return;
     }

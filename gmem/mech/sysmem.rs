@@ -8,14 +8,19 @@
 //! mapped too, read-only, unless a device maps them already (fault-around). obj/mirror.rs
 //! explains the coherence.
 
-use crate::exec::mirror;
+use crate::exec::dpriv;
+use crate::exec::mirror::{self, Mapping};
+use crate::mech::evict::{self, Why};
 use crate::obj::device::{DevStats, Device};
+use crate::obj::devices;
+use crate::obj::dpriv::MigBuf;
 use crate::obj::mirror::{pfn_present, Mapped, BLOCK_PAGES, REQ_LOOK, REQ_READ, REQ_WRITE};
-use crate::obj::region::{block_base, BLOCK_BYTES};
+use crate::obj::region::{adv, block_base, BLOCK_BYTES};
 use crate::obj::sched;
 use crate::obj::space::Space;
 use crate::policy::batch;
-use crate::policy::page_state::sysmem_query_word;
+use crate::policy::page_state::{sysmem_query_word, SysLoc, Target};
+use core::sync::atomic::{AtomicBool, Ordering};
 use kernel::{ffi::c_ulong, prelude::*, rbtree::RBTreeNode, sync::Arc};
 
 /// Snapshots one block may take before the fault gives up with `EBUSY` (each stale one
@@ -38,9 +43,27 @@ pub(crate) fn device_fault(dev: &Arc<Device>, space: &Space, addrs: &[u64], writ
     let mut req = KBox::new([0u8; BLOCK_PAGES], GFP_KERNEL)?;
     let mut ptes = KVec::with_capacity(BLOCK_PAGES, GFP_KERNEL)?;
     let mut node: Option<RBTreeNode<u64, Mapped>> = None;
+    let mut buf: Option<MigBuf> = None;
     for block in batch::by_block(addrs) {
         let Some(&a0) = block.first() else { continue };
         let base = block_base(usize::try_from(a0).map_err(|_| EFAULT)?) as u64;
+        // PREFERRED_LOC of this device: the block's advised pages move into its memory
+        // first (best effort: what cannot move, or finds no room, is mapped remotely).
+        if dev.dpriv.is_some() {
+            let runs = fetch_runs(space, dev, base, block)?;
+            if !runs.is_empty() {
+                if buf.is_none() {
+                    buf = Some(MigBuf::new()?);
+                }
+                if let Some(b) = buf.as_mut() {
+                    for &(lo, hi) in runs.iter() {
+                        // Errors leave the pages on the host, where the mapping below finds
+                        // them (and reports what really is wrong with the range).
+                        let _ = migrate_range(dev, space, b, lo, hi);
+                    }
+                }
+            }
+        }
         // The notifier of the block's chunk (blocks never straddle chunks).
         let notifier = space.notifier(a0, write)?;
         req.fill(0);
@@ -61,16 +84,62 @@ pub(crate) fn device_fault(dev: &Arc<Device>, space: &Space, addrs: &[u64], writ
             if sched::fatal_signal_pending() {
                 return Err(EINTR);
             }
-            let snap = notifier.fault(base, &req, &mut pfns)?;
+            let snap = notifier.fault(dev.dpriv.as_ref(), base, &req, &mut pfns)?;
             mirror::prepare(dev, ctx, base + snap.first as u64 * 4096, snap.count)?;
             if node.is_none() {
                 // Charged to the faulting process's memory cgroup, as its page tables are.
                 node = Some(RBTreeNode::new(base / BLOCK_BYTES as u64, Mapped::default(), GFP_KERNEL_ACCOUNT)?);
             }
-            if mirror::map_snapshot(dev, ctx, space, &notifier, base, &snap, &pfns, &req, &mut ptes, &mut node)? {
-                req[snap.first..snap.first + snap.count].fill(0);
+            match mirror::map_snapshot(dev, ctx, space, &notifier, base, &snap, &pfns, &req, &mut ptes, &mut node)? {
+                Mapping::Done => req[snap.first..snap.first + snap.count].fill(0),
+                Mapping::Again => {}
+                Mapping::Unshare => {
+                    dpriv::to_host(dev, space, base + snap.first as u64 * 4096, snap.count)?;
+                }
             }
         }
+    }
+    Ok(())
+}
+
+/// The byte runs of block `base` that a fault of `dev` on `block` (its requested page
+/// addresses) moves into the device's memory: where PREFERRED_LOC is `dev` and ACCESSED_BY
+/// does not name it; none unless a requested page is such.
+fn fetch_runs(space: &Space, dev: &Device, base: u64, block: &[u64]) -> Result<KVec<(u64, u64)>> {
+    let mut runs = KVec::new();
+    let fetch = |bits: u32| adv::preferred(bits) == Some(Target::Device(dev.id as u8)) && bits & (1u32 << dev.id) == 0;
+    let m = *space.sysmem_advice.lock();
+    if m.runs() == 0 || !block.iter().any(|&a| fetch(m.get(a / 4096))) {
+        return Ok(runs);
+    }
+    let mut run: Option<u64> = None;
+    for k in 0..=BLOCK_PAGES as u64 {
+        let a = base + k * 4096;
+        let on = k < BLOCK_PAGES as u64 && fetch(m.get(a / 4096));
+        match (run, on) {
+            (None, true) => run = Some(a),
+            (Some(lo), false) => {
+                runs.push((lo, a), GFP_KERNEL)?;
+                run = None;
+            }
+            _ => {}
+        }
+    }
+    Ok(runs)
+}
+
+/// Moves what can move of `[a, stop)` (page aligned, within one 2 MiB block) into `dev`'s
+/// memory, VMA by VMA, after making room by eviction if its pool is short.
+fn migrate_range(dev: &Arc<Device>, space: &Space, buf: &mut MigBuf, a: u64, stop: u64) -> Result {
+    let mut p = a;
+    while p < stop {
+        let n = ((stop - p) / 4096) as usize;
+        if dev.frames_free_hint() < n as u64 {
+            evict::make_room(dev, n, Why::Advice, None);
+        }
+        let (_, covered) = dpriv::to_device(dev, space, buf, p, n)?;
+        // At least one page (the VMA of `p` contains it).
+        p += core::cmp::max(covered, 1) as u64 * 4096;
     }
     Ok(())
 }
@@ -87,13 +156,17 @@ pub(crate) fn no_mapping_is_enoent(e: Error) -> Error {
 
 /// QUERY of `n` pages from `addr` (page aligned), none of them in a region: one state word
 /// per page (`policy::page_state::sysmem_query_word`): on the host if the process maps a
-/// page there, and whether a device maps it. Nothing is faulted in. `ENOENT` if a page
-/// lies in no mapping gmem mirrors.
+/// page there (and whether a device maps it), on a device if it was migrated there.
+/// Nothing is faulted in. `ENOENT` if a page lies in no mapping gmem mirrors.
 pub(crate) fn query(space: &Space, addr: u64, n: usize) -> Result<KVVec<u32>> {
     let _mm = space.mm_user().ok_or(ENOENT)?;
     let mut out = KVVec::with_capacity(n, GFP_KERNEL)?;
     let mut pfns = KBox::new([0 as c_ulong; BLOCK_PAGES], GFP_KERNEL)?;
+    let mut dpfns = KBox::new([0 as c_ulong; BLOCK_PAGES], GFP_KERNEL)?;
     let mut req = KBox::new([0u8; BLOCK_PAGES], GFP_KERNEL)?;
+    // Devices holding migrated process memory (of some process): only their pages can
+    // be device-private here.
+    let holders = holders()?;
     // A range that wraps the address space is in no mapping.
     let end = (n as u64).checked_mul(4096).and_then(|b| addr.checked_add(b)).ok_or(ENOENT)?;
     let mut a = addr;
@@ -104,18 +177,30 @@ pub(crate) fn query(space: &Space, addr: u64, n: usize) -> Result<KVVec<u32>> {
         req.fill(0);
         req[k0..k1].fill(REQ_LOOK);
         let mut k = k0;
-        // One walk per VMA the pages lie in.
+        // One walk per VMA the pages lie in (and one more per device holding process memory).
         while k < k1 {
-            let snap = notifier.fault(base, &req, &mut pfns).map_err(no_mapping_is_enoent)?;
+            let snap = notifier.fault(None, base, &req, &mut pfns).map_err(no_mapping_is_enoent)?;
             if k < snap.first || k >= snap.first + snap.count {
                 // The walk (of the VMA of the first page asked for) missed that page.
                 return Err(ENOENT);
             }
             let stop = core::cmp::min(k1, snap.first + snap.count);
-            let st = space.mirror.lock();
+            let mut at: KVec<SysLoc> = KVec::with_capacity(stop - k, GFP_KERNEL)?;
             for i in k..stop {
-                let present = pfn_present(pfns[i]);
-                let w = sysmem_query_word(present, st.any_maps(base / BLOCK_BYTES as u64, i));
+                at.push(if pfn_present(pfns[i]) { SysLoc::Host } else { SysLoc::None }, GFP_KERNEL)?;
+            }
+            for dev in holders.iter() {
+                let Some(pm) = dev.dpriv.as_ref() else { continue };
+                notifier.fault(Some(pm), base, &req, &mut dpfns).map_err(no_mapping_is_enoent)?;
+                for (i, loc) in (k..stop).zip(at.iter_mut()) {
+                    if pm.frame_of(dpfns[i]).is_some() {
+                        *loc = SysLoc::Device(dev.id as u8);
+                    }
+                }
+            }
+            let st = space.mirror.lock();
+            for (i, &loc) in (k..stop).zip(at.iter()) {
+                let w = sysmem_query_word(loc, st.any_maps(base / BLOCK_BYTES as u64, i));
                 // Within the capacity of `n` words: nothing is allocated under the lock.
                 out.push_within_capacity(w).map_err(|_| EINVAL)?;
             }
@@ -128,37 +213,89 @@ pub(crate) fn query(space: &Space, addr: u64, n: usize) -> Result<KVVec<u32>> {
     Ok(out)
 }
 
-/// PREFETCH of `[start, end)` (page aligned, in no region) to `dev`: maps every page there
-/// on the device now, as device read faults would (a page the process never touched is
-/// faulted in as a CPU read would: the zero page), block by block, stopping with `EINTR`
-/// once `cancel` is set. Pages stay on the host: nothing is migrated.
-pub(crate) fn prefetch(
-    dev: &Arc<Device>,
-    space: &Space,
-    start: u64,
-    end: u64,
-    cancel: Option<&Arc<core::sync::atomic::AtomicBool>>,
-) -> Result {
-    let mut addrs = KVec::with_capacity(BLOCK_PAGES, GFP_KERNEL)?;
+/// The registered devices that hold process memory migrated to them.
+fn holders() -> Result<KVec<Arc<Device>>> {
+    let mut out = KVec::new();
+    for dev in devices::all() {
+        if dev.dpriv.is_some() && dev.frames_sysmem() > 0 {
+            out.push(dev, GFP_KERNEL)?;
+        }
+    }
+    Ok(out)
+}
+
+/// The pages `[a, stop)` of one 2 MiB block as page addresses (`stop` page aligned).
+fn page_addrs(a: u64, stop: u64, out: &mut KVec<u64>) -> Result {
+    out.clear();
+    let mut p = a;
+    while p < stop {
+        out.push(p, GFP_KERNEL)?;
+        // `stop` is page aligned and above `p`: this stays at most `stop`.
+        p += 4096;
+    }
+    Ok(())
+}
+
+/// Calls `f(a, stop)` for each piece of `[start, end)` (page aligned) within one 2 MiB
+/// block, stopping with `EINTR` once `cancel` is set or a fatal signal is pending.
+fn by_block(start: u64, end: u64, cancel: Option<&Arc<AtomicBool>>, mut f: impl FnMut(u64, u64) -> Result) -> Result {
     let mut a = start;
     while a < end {
-        if cancel.is_some_and(|c| c.load(core::sync::atomic::Ordering::Acquire)) || sched::fatal_signal_pending() {
+        if cancel.is_some_and(|c| c.load(Ordering::Acquire)) || sched::fatal_signal_pending() {
             return Err(EINTR);
         }
         // The end of `a`'s block, or `end` (a block at the top of the address space has no
         // end that fits: the range stops at `end` there).
         let block_end = (block_base(usize::try_from(a).map_err(|_| EFAULT)?) as u64).checked_add(BLOCK_BYTES as u64);
         let stop = block_end.map_or(end, |b| core::cmp::min(end, b));
-        addrs.clear();
-        let mut p = a;
-        while p < stop {
-            addrs.push(p, GFP_KERNEL)?;
-            // `stop` is page aligned and above `p`: this stays at most `stop`.
-            p += 4096;
-        }
-        device_fault(dev, space, &addrs, false)?;
+        f(a, stop)?;
         sched::cond_resched();
         a = stop;
     }
     Ok(())
+}
+
+/// PREFETCH of `[start, end)` (page aligned, in no region) to `dev`, block by block:
+/// migrates what can move into the device's memory (anonymous private pages, including
+/// never-touched ones, which cost no host page), making room by eviction as a GMEM region's
+/// prefetch does, then maps every page of the range on the device (the rest remotely, as
+/// device read faults would). Stops with `EINTR` once `cancel` is set.
+pub(crate) fn prefetch(
+    dev: &Arc<Device>,
+    space: &Space,
+    start: u64,
+    end: u64,
+    cancel: Option<&Arc<AtomicBool>>,
+) -> Result {
+    let mut addrs = KVec::with_capacity(BLOCK_PAGES, GFP_KERNEL)?;
+    let mut buf = match dev.dpriv {
+        Some(_) => Some(MigBuf::new()?),
+        None => None,
+    };
+    by_block(start, end, cancel, |a, stop| {
+        if let Some(buf) = buf.as_mut() {
+            migrate_range(dev, space, buf, a, stop)?;
+        }
+        page_addrs(a, stop, &mut addrs)?;
+        device_fault(dev, space, &addrs, false)
+    })
+}
+
+/// PREFETCH of `[start, end)` (page aligned, in no region) to the host: brings back every
+/// page migrated to a device. Stops with `EINTR` once `cancel` is set.
+pub(crate) fn prefetch_host(space: &Space, start: u64, end: u64, cancel: Option<&Arc<AtomicBool>>) -> Result {
+    let holders = holders()?;
+    if holders.is_empty() {
+        return Ok(());
+    }
+    by_block(start, end, cancel, |a, stop| {
+        for dev in holders.iter() {
+            let mut p = a;
+            while p < stop {
+                let (_, covered) = dpriv::to_host(dev, space, p, ((stop - p) / 4096) as usize)?;
+                p += core::cmp::max(covered, 1) as u64 * 4096;
+            }
+        }
+        Ok(())
+    })
 }

@@ -21,6 +21,7 @@
 use crate::abi::GMEM_MAX_CHANNELS;
 use crate::abi::{GmemCopy, GmemDevOps, GmemDevProps, GmemPte, GMEM_DEV_CAP_MAP_2M, GMEM_DRIVER_ABI_VERSION};
 use crate::obj::dmem::{self, Charge, Limit};
+use crate::obj::dpriv::Pagemap;
 use crate::obj::region::Region;
 use crate::policy::evict::{self as order, Clock, F_CLEAN, F_LENT, F_PINNED, F_REF, F_USED};
 use crate::policy::frames::{FrameMap, CHUNK_FRAMES};
@@ -41,6 +42,9 @@ pub(crate) const F_PREFETCHED: u8 = 0x40;
 /// Frame flag kept by the core only: spared once by eviction because its page prefers this
 /// device (PREFERRED_LOC); cleared when the page faults or migrates again.
 pub(crate) const F_PREFERRED_SPARED: u8 = 0x80;
+/// Frame flag kept by the core only: the frame holds a page of ordinary process memory
+/// migrated here (a device-private page, obj/dpriv.rs); it has no region owner.
+pub(crate) const F_SYSMEM: u8 = 0x20;
 
 /// A device page table ("context") as the driver handed it out; opaque to the core.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -264,6 +268,11 @@ pub(crate) struct DevStats {
     /// (fault-around included): obj/mirror.rs.
     pub(crate) mirror_faults: AtomicU64,
     pub(crate) mirror_mapped: AtomicU64,
+    /// Pages of ordinary process memory migrated to the device (obj/dpriv.rs), and back:
+    /// by CPU faults or PREFETCH to the host, and by eviction or unregistration.
+    pub(crate) sysmem_in: AtomicU64,
+    pub(crate) sysmem_out: AtomicU64,
+    pub(crate) sysmem_evicted: AtomicU64,
     pub(crate) fault_batches: AtomicU64,
     pub(crate) faults: AtomicU64,
     pub(crate) pages_h2d: AtomicU64,
@@ -348,15 +357,18 @@ struct FramePool {
     /// Each used frame's dmem cgroup charge (`obj/dmem.rs`); empty for free frames.
     charges: KVVec<Charge>,
     hand: u64,
-    /// Frames with `F_PINNED` / `F_LENT` set, kept by [`FramePool::put`] (never rescanned).
+    /// Frames with `F_PINNED` / `F_LENT` / `F_SYSMEM` set, kept by [`FramePool::recount`]
+    /// (never rescanned).
     pinned: u64,
     lent: u64,
+    sysmem: u64,
 }
 
 impl FramePool {
-    /// Keeps the pinned/lent counts right when a frame's flags go from `old` to `new`.
-    fn recount(pinned: &mut u64, lent: &mut u64, old: u8, new: u8) {
-        for (bit, n) in [(F_PINNED, pinned), (F_LENT, lent)] {
+    /// Keeps the pinned/lent/sysmem counts right when a frame's flags go from `old` to `new`.
+    fn recount(counts: [&mut u64; 3], old: u8, new: u8) {
+        let [pinned, lent, sysmem] = counts;
+        for (bit, n) in [(F_PINNED, pinned), (F_LENT, lent), (F_SYSMEM, sysmem)] {
             match (old & bit != 0, new & bit != 0) {
                 (false, true) => *n += 1,
                 (true, false) => *n = n.saturating_sub(1),
@@ -446,6 +458,19 @@ pub(crate) struct Device {
     high: AtomicU64,
     /// The device's region of the dmem cgroup controller.
     pub(crate) dmem: dmem::Region,
+    /// Its memory as device-private pages, for process memory migrated here (obj/dpriv.rs);
+    /// `None` for a driver that cannot map process memory (or if the kernel had no room).
+    pub(crate) dpriv: Option<Pagemap>,
+    /// Placing sections: a migration of process memory to the device runs inside one, begun
+    /// only while the device is alive ([`Device::placing`]); unregistration waits for them
+    /// after it marks the device dead, so that nothing lands on it after its evacuation.
+    #[pin]
+    placing: Srcu,
+    /// Frames whose device-private page went free (a bit each), not yet back in the pool:
+    /// the pagemap's callback may run in atomic context, where the pool lock cannot be
+    /// taken ([`Device::drain_released`]).
+    released: KVVec<AtomicU64>,
+    released_n: AtomicU64,
     pub(crate) stats: DevStats,
     #[pin]
     work: Work<Device>,
@@ -476,7 +501,17 @@ impl Device {
         }
         let (low, high) = order::default_watermarks(nr_frames);
         let region = dmem::Region::new(id, nr_frames);
-        Arc::pin_init(
+        let mut rel = KVVec::with_capacity(FrameMap::words_for(nr_frames), GFP_KERNEL)?;
+        for _ in 0..FrameMap::words_for(nr_frames) {
+            rel.push(AtomicU64::new(0), GFP_KERNEL)?;
+        }
+        // Without it the device still works; process memory then stays on the host.
+        let dpriv = if drv.ops().map_prepare.is_some() {
+            Pagemap::new(nr_frames).inspect_err(|e| pr_warn!("device {}: no device-private pages ({:?})\n", id, e)).ok()
+        } else {
+            None
+        };
+        let dev = Arc::pin_init(
             try_pin_init!(Device {
                 id,
                 nr_frames,
@@ -489,7 +524,18 @@ impl Device {
                 callbacks <- new_srcu!("gmem_device_callbacks"),
                 ctxs <- new_mutex!(KVec::new(), "gmem_device_ctxs"),
                 frames <- new_mutex!(
-                    FramePool { bits, cursor: 0, used: 0, flags, owner, charges, hand: 0, pinned: 0, lent: 0 },
+                    FramePool {
+                        bits,
+                        cursor: 0,
+                        used: 0,
+                        flags,
+                        owner,
+                        charges,
+                        hand: 0,
+                        pinned: 0,
+                        lent: 0,
+                        sysmem: 0
+                    },
                     "gmem_device_frames"
                 ),
                 used_hint: AtomicU64::new(0),
@@ -497,11 +543,93 @@ impl Device {
                 low: AtomicU64::new(low),
                 high: AtomicU64::new(high),
                 dmem: region,
+                dpriv,
+                placing <- new_srcu!("gmem_device_placing"),
+                released: rel,
+                released_n: AtomicU64::new(0),
                 stats: DevStats::default(),
                 work <- new_work!("gmem_device_preevict"),
             }),
             GFP_KERNEL,
-        )
+        )?;
+        if let Some(pm) = &dev.dpriv {
+            // SAFETY: no page is out yet; the registration's reference keeps the device alive
+            // until unregistration tore the pagemap down (`gmem_dev_unregister`).
+            unsafe { pm.bind(Arc::as_ptr(&dev).cast()) };
+        }
+        Ok(dev)
+    }
+
+    /// A placing section (see [`Device::placing`]'s field), if the device is alive.
+    pub(crate) fn placing(&self) -> Option<srcu::Guard<'_>> {
+        let g = self.placing.read_lock();
+        self.alive().then_some(g)
+    }
+
+    /// Waits for every placing section that began while the device was alive.
+    pub(crate) fn wait_placing(&self) {
+        self.placing.synchronize();
+    }
+
+    /// The pagemap says the device-private page of `frame` went free (any context).
+    pub(crate) fn note_released(&self, frame: u64) {
+        let Some(w) = usize::try_from(frame / 64).ok().and_then(|i| self.released.get(i)) else { return };
+        w.fetch_or(1 << (frame % 64), Ordering::AcqRel);
+        self.released_n.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Returns the frames of released device-private pages to the pool; returns how many.
+    pub(crate) fn drain_released(&self) -> u64 {
+        if self.released_n.load(Ordering::Acquire) == 0 {
+            return 0;
+        }
+        let mut n = 0u64;
+        for (i, w) in self.released.iter().enumerate() {
+            let mut bits = w.swap(0, Ordering::AcqRel);
+            while bits != 0 {
+                let b = u64::from(bits.trailing_zeros());
+                bits &= bits - 1;
+                if let Ok(f) = u32::try_from(i as u64 * 64 + b) {
+                    self.free_frame(f);
+                    n += 1;
+                }
+            }
+        }
+        self.released_n.fetch_sub(n, Ordering::AcqRel);
+        n
+    }
+
+    /// Frames holding device-private pages of process memory.
+    pub(crate) fn frames_sysmem(&self) -> u64 {
+        self.pool().sysmem
+    }
+
+    /// Appends the frames marked `F_SYSMEM` to `out`.
+    pub(crate) fn sysmem_frames(&self, out: &mut KVec<u64>) -> Result {
+        let n = self.frames_sysmem() as usize;
+        out.reserve(n, GFP_KERNEL)?;
+        let pool = self.pool();
+        for (f, fl) in pool.flags.iter().enumerate() {
+            if fl & F_SYSMEM != 0 {
+                // Within the reservation unless more were marked meanwhile: those wait.
+                if out.push_within_capacity(f as u64).is_err() {
+                    break;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Sets `set` in the flags of each of `frames` (one acquisition of the pool lock).
+    pub(crate) fn set_flags_of(&self, frames: &[u32], set: u8) {
+        let mut pool = self.pool();
+        let FramePool { flags, pinned, lent, sysmem, .. } = &mut *pool;
+        for &frame in frames {
+            if let Some(f) = flags.get_mut(frame as usize) {
+                FramePool::recount([pinned, lent, sysmem], *f, *f | set);
+                *f |= set;
+            }
+        }
     }
 
     /// False once unregistering started: no new work may be started on the device.
@@ -741,14 +869,14 @@ impl Device {
     pub(crate) fn free_frame(&self, frame: u32) -> u8 {
         let (old, fl, charge) = {
             let mut pool = self.pool();
-            let FramePool { bits, cursor, used, flags, owner, charges, pinned, lent, .. } = &mut *pool;
+            let FramePool { bits, cursor, used, flags, owner, charges, pinned, lent, sysmem, .. } = &mut *pool;
             let ok = FrameMap::new(bits, cursor, used, self.nr_frames).map(|mut m| m.free(u64::from(frame)).is_ok());
             if ok != Some(true) {
                 pr_err!("device {}: bad frame free {}\n", self.id, frame);
                 return 0;
             }
             let fl = core::mem::replace(&mut flags[frame as usize], 0);
-            FramePool::recount(pinned, lent, fl, 0);
+            FramePool::recount([pinned, lent, sysmem], fl, 0);
             let charge = charges.get_mut(frame as usize).map(|c| core::mem::replace(c, Charge::NONE));
             (owner[frame as usize].take(), fl, charge)
         };
@@ -766,7 +894,7 @@ impl Device {
     pub(crate) fn commit_frames<'a>(&self, ops: impl Iterator<Item = &'a mut FrameOp>) -> u64 {
         let mut settled = 0;
         let mut pool = self.pool();
-        let FramePool { bits, cursor, used, flags, owner, charges, pinned, lent, .. } = &mut *pool;
+        let FramePool { bits, cursor, used, flags, owner, charges, pinned, lent, sysmem, .. } = &mut *pool;
         for op in ops {
             let (old, charge) = match op {
                 FrameOp::Free(frame) => {
@@ -777,7 +905,7 @@ impl Device {
                         continue;
                     }
                     if let Some(fl) = flags.get_mut(f) {
-                        FramePool::recount(pinned, lent, *fl, 0);
+                        FramePool::recount([pinned, lent, sysmem], *fl, 0);
                         *fl = 0;
                     }
                     let charge = charges.get_mut(f).map_or(Charge::NONE, |c| core::mem::replace(c, Charge::NONE));
@@ -790,7 +918,7 @@ impl Device {
                         settled += 1;
                     }
                     let new = (*fl & *keep) | *set | F_USED;
-                    FramePool::recount(pinned, lent, *fl, new);
+                    FramePool::recount([pinned, lent, sysmem], *fl, new);
                     *fl = new;
                     let old = match (owner.get_mut(f), who.take()) {
                         (Some(slot), Some(w)) => slot.replace(w),
@@ -814,9 +942,9 @@ impl Device {
             if i >= pool.flags.len() {
                 return;
             }
-            let FramePool { flags, owner, pinned, lent, .. } = &mut *pool;
+            let FramePool { flags, owner, pinned, lent, sysmem, .. } = &mut *pool;
             let new = (flags[i] & keep) | set | F_USED;
-            FramePool::recount(pinned, lent, flags[i], new);
+            FramePool::recount([pinned, lent, sysmem], flags[i], new);
             flags[i] = new;
             owner[i].replace(who)
         };
@@ -844,9 +972,9 @@ impl Device {
 
     pub(crate) fn set_flags(&self, frame: u32, set: u8) {
         let mut pool = self.pool();
-        let FramePool { flags, pinned, lent, .. } = &mut *pool;
+        let FramePool { flags, pinned, lent, sysmem, .. } = &mut *pool;
         if let Some(f) = flags.get_mut(frame as usize) {
-            FramePool::recount(pinned, lent, *f, *f | set);
+            FramePool::recount([pinned, lent, sysmem], *f, *f | set);
             *f |= set;
         }
     }
@@ -868,7 +996,13 @@ impl Device {
     /// frames charged within that cgroup pool and not protected in it; without one (the
     /// device is full), only frames their cgroups' `dmem.min` does not protect. Either way
     /// `dmem.low` protects too, unless `ignore_low`.
-    pub(crate) fn victims(&self, n: usize, limit: Option<&Limit>, ignore_low: bool) -> Result<KVec<(u32, Owner)>> {
+    /// Frames of process memory (`F_SYSMEM`) come with no owner.
+    pub(crate) fn victims(
+        &self,
+        n: usize,
+        limit: Option<&Limit>,
+        ignore_low: bool,
+    ) -> Result<KVec<(u32, Option<Owner>)>> {
         let mut picked = [0u64; 64];
         let n = n.min(picked.len());
         let mut pool = self.pool();
@@ -889,8 +1023,12 @@ impl Device {
         let k = Clock::new(flags, hand).select_where(&mut picked[..n], &mut test);
         let mut out = KVec::with_capacity(k, GFP_KERNEL)?;
         for &f in &picked[..k] {
-            if let Some(o) = owner.get(f as usize).and_then(|o| o.clone()) {
-                out.push((f as u32, o), GFP_KERNEL)?;
+            match owner.get(f as usize).and_then(|o| o.clone()) {
+                Some(o) => out.push((f as u32, Some(o)), GFP_KERNEL)?,
+                None if flags.get(f as usize).is_some_and(|fl| fl & F_SYSMEM != 0) => {
+                    out.push((f as u32, None), GFP_KERNEL)?
+                }
+                None => {}
             }
         }
         Ok(out)

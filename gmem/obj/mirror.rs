@@ -31,6 +31,7 @@
 
 use crate::obj::device::{Ctx, Device};
 use crate::obj::devices::MAX_DEVICES;
+use crate::obj::dpriv::Pagemap;
 use crate::policy::bits;
 use core::marker::PhantomData;
 use core::ptr::NonNull;
@@ -57,6 +58,7 @@ extern "C" {
     fn gmem_mirror_retry(m: *mut c_void, seq: c_ulong) -> bool;
     fn gmem_mirror_fault(
         m: *mut c_void,
+        owner: *mut c_void,
         start: c_ulong,
         req: *const u8,
         npages: c_ulong,
@@ -133,9 +135,12 @@ impl Notifier {
     /// Snapshots the block at `start` (2 MiB aligned): faults in the pages `req` asks for
     /// (at least one) as a CPU access would, and reads the others that are present, within
     /// the VMA of the first requested page. Fills `pfns` (HMM pfns, 0 outside the walked
-    /// pages). Takes the mmap lock itself: call with no lock held.
+    /// pages). Device-private pages of `own` (a device's pagemap) are reported as they are
+    /// ([`Pagemap::frame_of`] decodes them); those of other devices come back to the host if
+    /// requested, else read as absent. Takes the mmap lock itself: call with no lock held.
     pub(crate) fn fault(
         &self,
+        own: Option<&Pagemap>,
         start: u64,
         req: &[u8; BLOCK_PAGES],
         pfns: &mut [c_ulong; BLOCK_PAGES],
@@ -148,6 +153,7 @@ impl Notifier {
         let r = unsafe {
             gmem_mirror_fault(
                 m.as_ptr(),
+                own.and_then(Pagemap::raw).map_or(core::ptr::null_mut(), |p| p.as_ptr()),
                 start,
                 req.as_ptr(),
                 BLOCK_PAGES as c_ulong,

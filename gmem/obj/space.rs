@@ -11,7 +11,8 @@
 use crate::obj::device::{Ctx, Device};
 use crate::obj::devices::MAX_DEVICES;
 use crate::obj::mirror::{self, MirrorState, Notifier, CHUNK_BYTES};
-use crate::obj::region::Region;
+use crate::obj::region::{Region, ADVICE_RUNS};
+use crate::policy::range::AdviceMap;
 use crate::policy::thrash::{RecentMoves, ThrashTable};
 use core::sync::atomic::{AtomicU64, Ordering};
 use kernel::{
@@ -73,6 +74,11 @@ pub(crate) struct Space {
     /// operations under it (registration, which may take the mmap lock, happens outside).
     #[pin]
     notifiers: Mutex<RBTree<u64, Arc<Notifier>>>,
+    /// Advice on ordinary process memory (PREFERRED_LOC, ACCESSED_BY; bits as a region's,
+    /// `region::adv`), by absolute page number. Kept per address range until unset (it does
+    /// not follow munmap). A leaf lock.
+    #[pin]
+    pub(crate) sysmem_advice: Mutex<AdviceMap<ADVICE_RUNS>>,
     pub(crate) stats: SpaceStats,
 }
 
@@ -138,6 +144,7 @@ pub(crate) fn open(mm: &Mm) -> Result<Arc<Space>> {
             fence_lock <- new_mutex!((), "gmem_space_fences"),
             mirror <- new_mutex!(MirrorState::new(), "gmem_mirror"),
             notifiers <- new_mutex!(RBTree::new(), "gmem_mirror_notifiers"),
+            sysmem_advice <- new_mutex!(AdviceMap::new(), "gmem_sysmem_advice"),
             stats: SpaceStats::default(),
         }),
         GFP_KERNEL,

@@ -37,11 +37,12 @@
  * 2: the ops gained @test_clear_accessed; 3: 2 MiB device mappings (&gmem_pte.flags,
  * &gmem_dev_props.caps); 4: asynchronous copies (&gmem_dev_ops.copy_async,
  * &gmem_dev_props.nr_channels, gmem_fence_signal()); 5: process memory outside GMEM
- * regions (&gmem_dev_ops.map_prepare, %GMEM_PTE_SYSMEM). &struct gmem_dev_ops has no size
+ * regions (&gmem_dev_ops.map_prepare, %GMEM_PTE_SYSMEM); 6: %GMEM_PTE_SYSMEM entries may
+ * name a frame (process memory migrated to the device). &struct gmem_dev_ops has no size
  * field: the version stands for its length, so any growth of the table bumps it.
  * Registration refuses other versions.
  */
-#define GMEM_DRIVER_ABI_VERSION 5
+#define GMEM_DRIVER_ABI_VERSION 6
 
 struct page;
 struct gmem_dev;
@@ -77,11 +78,13 @@ struct gmem_fence;
 #define GMEM_PTE_2M		1u
 
 /**
- * define GMEM_PTE_SYSMEM - &gmem_pte.flags: @host is a page of ordinary process memory
+ * define GMEM_PTE_SYSMEM - &gmem_pte.flags: the entry maps ordinary process memory
  *
  * The page belongs to an anonymous or file mapping of the process, not to a GMEM region:
- * the kernel may free, migrate or swap it at any time, and gmem's MMU notifier unmaps the
- * entry (@unmap, @tlb_invalidate) before it does. So gmem calls @map with such entries
+ * either @host (a host page, mapped remotely) or, with @host NULL, frame @frame, which a
+ * page of the process migrated to (gmem owns it as a device-private page of the device,
+ * and a CPU access moves it back). The kernel may free, migrate or swap such a page at any
+ * time, and gmem's MMU notifier unmaps the entry (@unmap, @tlb_invalidate) before it does. So gmem calls @map with such entries
  * under a lock that this notifier takes, and the notifier can run inside memory reclaim:
  * @map must not allocate memory that may reclaim for them. If it needs memory it returns
  * -EAGAIN (entries it installed before may stay), and gmem calls
@@ -99,7 +102,7 @@ struct gmem_fence;
  * @host: if non-NULL, map this host page remotely (over the link, no migration) and
  *        ignore @frame; it stays allocated until an unmap of @va returned
  * @prot: %GMEM_PROT_READ, or %GMEM_PROT_READ | %GMEM_PROT_WRITE
- * @flags: 0, %GMEM_PTE_2M (was padding before ABI 3), or %GMEM_PTE_SYSMEM with @host
+ * @flags: 0, %GMEM_PTE_2M (was padding before ABI 3), or %GMEM_PTE_SYSMEM
  *
  * With %GMEM_PTE_2M the entry maps the 2 MiB at @va to frames @frame .. @frame + 511,
  * all with @prot, @host NULL, replacing whatever 4 KiB entries the range had. The core

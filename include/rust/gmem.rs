@@ -116,9 +116,8 @@ pub enum Target {
 ///
 /// # Invariants
 /// The flags hold no unknown bit; a `GMEM_PTE_2M` entry has no host page, a 2 MiB-aligned
-/// address and a frame that is a multiple of 512; a `GMEM_PTE_SYSMEM` entry has a host page
-/// and is not `GMEM_PTE_2M` (checked by the `map` trampoline before the driver sees the
-/// entry).
+/// address and a frame that is a multiple of 512; a `GMEM_PTE_SYSMEM` entry is not
+/// `GMEM_PTE_2M` (checked by the `map` trampoline before the driver sees the entry).
 #[repr(transparent)]
 pub struct Pte(GmemPte);
 
@@ -142,9 +141,10 @@ impl Pte {
         }
     }
 
-    /// Whether the entry maps ordinary process memory (`GMEM_PTE_SYSMEM`): `map` is then
-    /// called under gmem's MMU-notifier lock, which memory reclaim takes, and must not
-    /// allocate with reclaim; it returns `EAGAIN` instead (see [`Driver::map_prepare`]).
+    /// Whether the entry maps ordinary process memory (`GMEM_PTE_SYSMEM`): a host page of
+    /// the process, or a frame that a page of it migrated to. `map` is then called under
+    /// gmem's MMU-notifier lock, which memory reclaim takes, and must not allocate with
+    /// reclaim; it returns `EAGAIN` instead (see [`Driver::map_prepare`]).
     pub fn sysmem(&self) -> bool {
         self.0.flags & GMEM_PTE_SYSMEM != 0
     }
@@ -154,7 +154,7 @@ impl Pte {
         if p.flags & !(GMEM_PTE_2M | GMEM_PTE_SYSMEM) != 0 {
             return false;
         }
-        if p.flags & GMEM_PTE_SYSMEM != 0 && (p.host.is_null() || p.flags & GMEM_PTE_2M != 0) {
+        if p.flags & GMEM_PTE_SYSMEM != 0 && p.flags & GMEM_PTE_2M != 0 {
             return false;
         }
         p.flags & GMEM_PTE_2M == 0

@@ -8,7 +8,7 @@
 use kernel::bindings;
 use kernel::ffi::{c_char, c_int, c_void};
 
-pub const GMEM_DRIVER_ABI_VERSION: u32 = 5;
+pub const GMEM_DRIVER_ABI_VERSION: u32 = 6;
 pub const GMEM_ACCESS_READ: u32 = 1;
 pub const GMEM_ACCESS_WRITE: u32 = 2;
 pub const GMEM_PROT_READ: u32 = 1;

@@ -88,13 +88,29 @@ pub const Q_REMOTE: u32 = 1 << 19;
 /// `GMEM_Q_CPU_MAPPED`.
 pub const Q_CPU_MAPPED: u32 = 1 << 20;
 
-/// The QUERY word of a page of ordinary process memory (outside the GMEM regions, which
-/// gmem mirrors but does not own): on the host and CPU-mapped if the process maps a page
-/// there (`present`), never touched otherwise; `remote` if a device maps it.
-pub fn sysmem_query_word(present: bool, remote: bool) -> u32 {
-    let loc = if present { Q_LOC_HOST | Q_CPU_MAPPED } else { Q_LOC_NONE };
-    // A device maps only pages the process maps: without one there is nothing to map.
-    loc | if present && remote { Q_REMOTE } else { 0 }
+/// Where a page of ordinary process memory (outside the GMEM regions, which gmem mirrors
+/// but does not own) is, as a walk of the process's page tables finds it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum SysLoc {
+    /// Never touched (or discarded): nothing mapped.
+    None,
+    /// A host page the process maps.
+    Host,
+    /// Migrated to this device (a device-private page of it).
+    Device(u8),
+}
+
+/// The QUERY word of a page of ordinary process memory: on the host and CPU-mapped where
+/// the process maps a host page, on device `d` where it was migrated there, never touched
+/// otherwise; `remote` if a device maps the host page remotely.
+pub fn sysmem_query_word(at: SysLoc, remote: bool) -> u32 {
+    match at {
+        SysLoc::None => Q_LOC_NONE,
+        // A device maps only pages the process maps: without one there is nothing to map.
+        SysLoc::Host => Q_LOC_HOST | Q_CPU_MAPPED | if remote { Q_REMOTE } else { 0 },
+        // The device that holds it maps it locally; no CPU mapping exists meanwhile.
+        SysLoc::Device(d) => Q_LOC_DEVICE | (u32::from(d) << 8),
+    }
 }
 
 /// Packed per-page state, 32 bits (layout in the module documentation).
@@ -744,15 +760,17 @@ mod tests {
 
     #[test]
     fn sysmem_query_words() {
-        assert_eq!(sysmem_query_word(false, false), Q_LOC_NONE);
-        assert_eq!(sysmem_query_word(true, false), Q_LOC_HOST | Q_CPU_MAPPED);
-        assert_eq!(sysmem_query_word(true, true), Q_LOC_HOST | Q_CPU_MAPPED | Q_REMOTE);
+        assert_eq!(sysmem_query_word(SysLoc::None, false), Q_LOC_NONE);
+        assert_eq!(sysmem_query_word(SysLoc::Host, false), Q_LOC_HOST | Q_CPU_MAPPED);
+        assert_eq!(sysmem_query_word(SysLoc::Host, true), Q_LOC_HOST | Q_CPU_MAPPED | Q_REMOTE);
+        assert_eq!(sysmem_query_word(SysLoc::Device(3), false), Q_LOC_DEVICE | (3 << 8));
+        assert_eq!(sysmem_query_word(SysLoc::Device(3), true), Q_LOC_DEVICE | (3 << 8));
         // Nothing is mapped remotely where the process maps nothing.
-        assert_eq!(sysmem_query_word(false, true), Q_LOC_NONE);
+        assert_eq!(sysmem_query_word(SysLoc::None, true), Q_LOC_NONE);
         // A host page of a GMEM region that the CPU maps reads the same way.
         let host = PageState::EMPTY;
         let (h, _) = go(host, Event::CpuFault { write: true });
-        assert_eq!(h.query_word() & (0xff | Q_CPU_MAPPED), sysmem_query_word(true, false));
+        assert_eq!(h.query_word() & (0xff | Q_CPU_MAPPED), sysmem_query_word(SysLoc::Host, false));
     }
 
     fn read_mostly(dev: u8) -> Event {

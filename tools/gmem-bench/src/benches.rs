@@ -6,7 +6,7 @@
 use crate::json::{Json, JsonExt};
 use crate::sys::{self, counters, counters_json, delta, get, now, stat_json, Anon, Counters, Dmirror, Stat};
 use libgmem::sim::{checksum, Sim, SimInfo, SimLink, PATH_D2D, PATH_D2H, PATH_H2D};
-use libgmem::{Gmem, Region, GMEM_ADV_PREFETCH, GMEM_HOST};
+use libgmem::{Gmem, Region, GMEM_ADV_PREFERRED_LOC, GMEM_ADV_PREFETCH, GMEM_ADV_UNSET_PREFERRED_LOC, GMEM_HOST};
 
 pub type R<T> = Result<T, String>;
 
@@ -756,20 +756,22 @@ impl Bench {
     }
 
     /// P9: device faults on ordinary process memory (a `Vec`, i.e. musl `malloc`: gmem
-    /// mirrors it and the device maps the process's pages remotely, zero copy) against
-    /// the same on a GMEM region (the pages migrate to the device). Reads: CHECKSUM of
-    /// CPU-written data; writes: FILL of untouched memory. Paired per repetition.
+    /// mirrors it and the device maps the process's pages remotely, zero copy; with
+    /// PREFERRED_LOC of the device on it, the faults migrate the pages into device memory
+    /// as device-private pages) against the same on a GMEM region (the pages migrate to
+    /// the device). Reads: CHECKSUM of CPU-written data; writes: FILL of untouched memory.
+    /// Paired per repetition.
     pub fn p9(&mut self) -> R<Json> {
         let n = self.size;
         let seed = 0x59;
         let expect = checksum_of(n / 4, |i| pattern(i, seed));
         let filled = checksum_of(n / 4, |i| seed.wrapping_add(i as u32));
-        let names = ["region_read", "malloc_read", "region_write", "malloc_write"];
+        let names = ["region_read", "malloc_read", "region_write", "malloc_write", "migrate_read", "migrate_write"];
         let mut cells: Vec<Cell> = names.iter().map(|_| Cell::default()).collect();
         for rep in 0..self.runs() {
             progress("P9", rep + 1, self.runs(), "device faults: malloc'd memory vs a GMEM region");
             let timed = rep >= self.warm;
-            let order: [usize; 4] = if rep % 2 == 0 { [0, 1, 2, 3] } else { [1, 0, 3, 2] };
+            let order: [usize; 6] = if rep % 2 == 0 { [0, 1, 4, 2, 3, 5] } else { [4, 1, 0, 5, 3, 2] };
             for k in order {
                 sys::restore()?;
                 let copies0 = info(&self.s0).copies;
@@ -795,19 +797,31 @@ impl Bench {
                         (t, o)
                     }
                     _ => {
+                        let read = k == 1 || k == 4;
+                        let migrate = k >= 4;
                         let mut v: Vec<u32> =
-                            if k == 1 { (0..n / 4).map(|i| pattern(i, seed)).collect() } else { vec![0u32; n / 4] };
+                            if read { (0..n / 4).map(|i| pattern(i, seed)).collect() } else { vec![0u32; n / 4] };
+                        if migrate {
+                            t!(self.g.advise(v.as_ptr() as u64, n as u64, GMEM_ADV_PREFERRED_LOC, self.d0, 0));
+                        }
                         let t0 = now();
-                        let o = if k == 1 {
+                        let o = if read {
                             t!(self.s0.checksum(v.as_ptr() as u64, n as u64))
                         } else {
                             t!(self.s0.fill(v.as_mut_ptr() as u64, n as u64, seed))
                         };
                         let t = now() - t0;
-                        let sum = if k == 1 { o.result } else { checksum_of(n / 4, |i| v[i]) };
-                        ensure!(sum == if k == 1 { expect } else { filled }, "P9 {}: data mismatch", names[k]);
                         let copied = info(&self.s0).copies - copies0;
-                        ensure!(copied == 0, "P9 {}: {copied} pages went through the copy engine", names[k]);
+                        let sum = if read { o.result } else { checksum_of(n / 4, |i| v[i]) };
+                        ensure!(sum == if read { expect } else { filled }, "P9 {}: data mismatch", names[k]);
+                        if migrate {
+                            // Most of the buffer moved (musl's heap may place its first page
+                            // or two in a shared or busy page that stays).
+                            ensure!(copied as usize >= n / 4096 / 2, "P9 {}: only {copied} pages migrated", names[k]);
+                            t!(self.g.advise(v.as_ptr() as u64, n as u64, GMEM_ADV_UNSET_PREFERRED_LOC, 0, 0));
+                        } else {
+                            ensure!(copied == 0, "P9 {}: {copied} pages went through the copy engine", names[k]);
+                        }
                         (t, o)
                     }
                 };
@@ -829,10 +843,16 @@ impl Bench {
             (Some(x), Some(y)) if y > 0.0 => Json::from(x / y),
             _ => Json::Null,
         };
-        Ok(out.with("ratio_read", ratio(0, 1)).with("ratio_write", ratio(2, 3)).with(
-            "what",
-            "ratio: time on a GMEM region / time on malloc'd memory (above 1: malloc'd memory is faster)",
-        ))
+        Ok(out
+            .with("ratio_read", ratio(0, 1))
+            .with("ratio_write", ratio(2, 3))
+            .with("ratio_migrate_read", ratio(0, 4))
+            .with("ratio_migrate_write", ratio(2, 5))
+            .with(
+                "what",
+                "ratio: time on a GMEM region / time on malloc'd memory, mapped remotely (ratio_read/write) \
+                 or migrated by faults under PREFERRED_LOC (ratio_migrate_*); above 1: malloc'd memory is faster",
+            ))
     }
 
     /// The modelled host link bandwidth (MB/s) of the link-model runs: a quarter of the
@@ -940,6 +960,25 @@ impl Bench {
         Ok((t1 - t0, t3 - t2))
     }
 
+    /// One round trip of P3 on ordinary memory (an anonymous mapping, as `malloc` returns):
+    /// PREFETCH migrates it into the device as device-private pages, then the CPU reads
+    /// every page (each fault brings its 2 MiB block back). Returns (to, back) seconds.
+    fn p3_sysmem(&self, np: usize, seed: u32) -> R<(f64, f64)> {
+        let n = np * PAGE;
+        let a = Anon::new(n, false)?;
+        cpu_write(a.words(), seed);
+        let copies0 = info(&self.s0).copies;
+        let t0 = now();
+        t!(self.g.advise(a.ptr as u64, n as u64, GMEM_ADV_PREFETCH, self.d0, 0));
+        let t1 = now();
+        let moved = info(&self.s0).copies - copies0;
+        let bad = touch_pages(a.ptr.cast(), np, |p| pattern(p * PAGE / 4, seed));
+        let t2 = now();
+        ensure!(moved == np as u64, "P3 sysmem: {moved} of {np} pages migrated");
+        ensure!(bad == 0, "P3 sysmem: {bad} pages wrong after the round trip");
+        Ok((t1 - t0, t2 - t1))
+    }
+
     /// One HMM round trip of P3: MIGRATE_TO_DEV, HMM_DMIRROR_READ of the same pages (the
     /// driver's verification copy alone, timed apart), then the CPU reads every page.
     /// Returns (to-device seconds, bounce seconds, back seconds).
@@ -963,10 +1002,19 @@ impl Bench {
         Ok((t1 - t0, t2 - t1, t3 - t2))
     }
 
-    /// P3: per-page cost of migrate-to-device plus CPU fault back, GMEM vs HMM's dmirror;
+    /// P3: per-page cost of migrate-to-device plus CPU fault back, GMEM (a region, clean and
+    /// dirty, and ordinary anonymous memory through device-private pages) vs HMM's dmirror;
     /// the three round trips alternate within every repetition and ratios are per
     /// repetition.
     pub fn p3(&mut self) -> R<Json> {
+        const P3_RATIOS: [&str; 6] = [
+            "ratio",
+            "ratio_vs_hmm_without_bounce",
+            "ratio_dirty",
+            "ratio_dirty_vs_hmm_without_bounce",
+            "ratio_sysmem",
+            "ratio_sysmem_vs_hmm_without_bounce",
+        ];
         let np = self.p3_pages;
         let seed = 0x33;
         let ns = |t: f64| t * 1e9 / np as f64;
@@ -976,12 +1024,14 @@ impl Bench {
             Dmirror::open()
         };
         let (mut clean, mut dirty, mut hmm) = (Cell::default(), Cell::default(), Cell::default());
+        let mut sysmem = Cell::default();
         let mut ratios = Cell::default();
         for rep in 0..self.runs() {
             progress("P3", rep + 1, self.runs(), "gmem clean, gmem dirty, hmm dmirror round trips");
             let timed = rep >= self.warm;
             let a = self.counted(&mut clean, timed, || self.p3_gmem(np, seed, false))?;
             let b = self.counted(&mut dirty, timed, || self.p3_gmem(np, seed, true))?;
+            let m = self.counted(&mut sysmem, timed, || self.p3_sysmem(np, seed))?;
             let h = match &dm {
                 Ok(dm) => Some(self.p3_hmm(dm, np, seed)?),
                 Err(_) => None,
@@ -989,7 +1039,7 @@ impl Bench {
             if !timed {
                 continue;
             }
-            for (c, (to, back)) in [(&mut clean, a), (&mut dirty, b)] {
+            for (c, (to, back)) in [(&mut clean, a), (&mut dirty, b), (&mut sysmem, m)] {
                 c.push("to", ns(to));
                 c.push("back", ns(back));
                 c.push("total", ns(to + back));
@@ -1004,10 +1054,12 @@ impl Bench {
                 ratios.push("ratio_vs_hmm_without_bounce", (a.0 + a.1) / (to - bounce + back));
                 ratios.push("ratio_dirty", (b.0 + b.1) / (to + back));
                 ratios.push("ratio_dirty_vs_hmm_without_bounce", (b.0 + b.1) / (to - bounce + back));
+                ratios.push("ratio_sysmem", (m.0 + m.1) / (to + back));
+                ratios.push("ratio_sysmem_vs_hmm_without_bounce", (m.0 + m.1) / (to - bounce + back));
             }
         }
         let mut out = Json::obj().with("pages", np);
-        for (key, c) in [("gmem", &clean), ("gmem_dirty", &dirty)] {
+        for (key, c) in [("gmem", &clean), ("gmem_dirty", &dirty), ("gmem_sysmem", &sysmem)] {
             out.set(
                 key,
                 Json::obj()
@@ -1035,7 +1087,7 @@ impl Bench {
                         .with("ns_per_page_without_bounce", hmm.stat("total_without_bounce")),
                 );
                 out.set("hmm_error", Json::Null);
-                for k in ["ratio", "ratio_vs_hmm_without_bounce", "ratio_dirty", "ratio_dirty_vs_hmm_without_bounce"] {
+                for k in P3_RATIOS {
                     out.set(k, ratios.median(k));
                     out.set(&format!("{k}_spread"), ratios.stat(k));
                 }
@@ -1043,7 +1095,7 @@ impl Bench {
             Err(e) => {
                 out.set("hmm", Json::Null);
                 out.set("hmm_error", e);
-                for k in ["ratio", "ratio_vs_hmm_without_bounce", "ratio_dirty", "ratio_dirty_vs_hmm_without_bounce"] {
+                for k in P3_RATIOS {
                     out.set(k, Json::Null);
                 }
             }

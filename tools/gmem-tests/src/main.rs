@@ -16,6 +16,7 @@ mod t_conformance;
 mod t_contract;
 mod t_core;
 mod t_dmem;
+mod t_dpriv;
 mod t_fuzz;
 mod t_gmemctl;
 mod t_gup;
@@ -47,6 +48,7 @@ fn all_tests() -> Vec<Test> {
     v.extend(t_ahead::tests());
     v.extend(t_multipath::tests());
     v.extend(t_sysmem::tests());
+    v.extend(t_dpriv::tests());
     v.extend(t_trace::tests());
     v.extend(t_bad::tests());
     v.extend(t_overcommit::tests());

@@ -8,7 +8,7 @@
 use crate::harness::{open, Test, TestResult};
 use crate::{ensure, expect_errno, ok};
 use libgmem::sim::{checksum, Sim};
-use libgmem::{GMEM_ADVF_ASYNC, GMEM_ADV_ACCESSED_BY, GMEM_ADV_PREFETCH, GMEM_HOST, GMEM_Q_REMOTE};
+use libgmem::{GMEM_ADVF_ASYNC, GMEM_ADV_PREFETCH, GMEM_HOST, GMEM_Q_REMOTE};
 use std::os::unix::fs::FileExt;
 
 const PAGE: usize = 4096;
@@ -399,9 +399,9 @@ fn sysmem_query_reports_residency() -> TestResult {
     Ok(())
 }
 
-/// PREFETCH of ordinary memory to a device maps it there ahead of use: the kernel that
-/// follows faults nothing (synchronously and through a fence). To the host it has nothing
-/// to do; other advice still needs a region; unmapped memory is ENOENT.
+/// PREFETCH of ordinary memory to a device puts it there ahead of use (t_dpriv.rs checks
+/// the migration): the kernel that follows faults nothing (synchronously and through a
+/// fence). Other advice still needs a region; unmapped memory is ENOENT.
 fn sysmem_prefetch_maps_ahead() -> TestResult {
     let (g, s) = open()?;
     let m = Anon::new(48 * PAGE, libc::PROT_READ | libc::PROT_WRITE)?;
@@ -418,7 +418,7 @@ fn sysmem_prefetch_maps_ahead() -> TestResult {
     ok!(g.wait(fence));
     ensure!(ok!(s.checksum(half, 32 * PAGE as u64)).faults == 0, "faults after an asynchronous PREFETCH");
     ok!(g.advise(m.addr, m.len as u64, GMEM_ADV_PREFETCH, GMEM_HOST, 0));
-    expect_errno!(g.advise(m.addr, m.len as u64, GMEM_ADV_ACCESSED_BY, 0, 0), libc::ENOENT);
+    expect_errno!(g.advise(m.addr, m.len as u64, libgmem::GMEM_ADV_READ_MOSTLY, 0, 0), libc::ENOENT);
     expect_errno!(g.advise(0x10000, 4096, GMEM_ADV_PREFETCH, 0, 0), libc::ENOENT);
     expect_errno!(g.advise(0x10000, 4096, GMEM_ADV_PREFETCH, 0, GMEM_ADVF_ASYNC), libc::ENOENT);
     // The top 2 MiB block of user space (whose last page is not user space) works too.
@@ -428,7 +428,8 @@ fn sysmem_prefetch_maps_ahead() -> TestResult {
             ok!(s.fill(t.addr, t.len as u64, 0x77));
             ensure!(t.words().iter().enumerate().all(|(i, &w)| w == 0x77 + i as u32), "fill at the top not seen");
             ok!(g.advise(t.addr, t.len as u64, GMEM_ADV_PREFETCH, 0, 0));
-            ensure!(ok!(g.query(t.addr, 16)).iter().all(|&w| w & GMEM_Q_REMOTE != 0), "QUERY at the top");
+            // Migrated there (anonymous memory moves into the device's memory).
+            ensure!(ok!(g.query(t.addr, 16)).iter().all(|&w| w & 0xff == libgmem::GMEM_LOC_DEVICE), "QUERY at the top");
         }
         // Something of the process is there already (the stack without ASLR): nothing to
         // check at this address.

@@ -377,6 +377,43 @@ fn unplug_forgets_mirrored_memory() -> TestResult {
     res
 }
 
+/// Issue 11: ordinary memory migrated into both devices (device-private pages) comes back
+/// to the host when the driver goes, every frame is returned, and the devices that come
+/// back can take it again.
+fn unplug_brings_migrated_memory_back() -> TestResult {
+    let _ = take_log()?;
+    let g = Gmem::open().map_err(|e| e.to_string())?;
+    let m = crate::t_sysmem::Anon::new(128 * 4096, libc::PROT_READ | libc::PROT_WRITE)?;
+    let (p, len, w) = (m.addr, m.len, m.words());
+    w.iter_mut().enumerate().for_each(|(i, x)| *x = pattern(0x3100, i));
+    let res = (|| -> TestResult {
+        for d in 0..2u64 {
+            let id = Sim::open(d as usize).map_err(|e| e.to_string())?.info().map_err(|e| e.to_string())?.gmem_id;
+            ok!(g.advise(p + d * 64 * 4096, 64 * 4096, GMEM_ADV_PREFETCH, id, 0));
+        }
+        let q = ok!(g.query(p, 128));
+        ensure!(q.iter().all(|&x| x & 0xff == GMEM_LOC_DEVICE), "not migrated: {q:x?}");
+        sh("rmmod gmem_sim")?;
+        let q = ok!(g.query(p, 128));
+        ensure!(q.iter().all(|&x| x & 0xff == GMEM_LOC_HOST), "after the unplug: {q:x?}");
+        ensure!(w.iter().enumerate().all(|(i, &x)| x == pattern(0x3100, i)), "the data changed across the unplug");
+        sh(INSMOD)?;
+        let s = Sim::open(0).map_err(|e| e.to_string())?;
+        let id = s.info().map_err(|e| e.to_string())?.gmem_id;
+        ok!(g.advise(p, len as u64, GMEM_ADV_PREFETCH, id, 0));
+        ok!(s.fill(p, len as u64, 0x9000));
+        ensure!(w.iter().enumerate().all(|(i, &x)| x == pattern(0x9000, i)), "the new device's fill not seen");
+        Ok(())
+    })();
+    drop(m);
+    if res.is_err() {
+        let _ = sh(&format!("{INSMOD} 2>/dev/null"));
+    }
+    let log = take_log()?;
+    ensure!(!frames_left(&log) && !log.contains("will not move back"), "unregistration:\n{log}");
+    res
+}
+
 pub fn tests() -> Vec<Test> {
     vec![
         Test {
@@ -387,5 +424,6 @@ pub fn tests() -> Vec<Test> {
         Test { name: "kill_races_rmmod", f: kill_races_rmmod },
         Test { name: "rmmod_with_copies_in_flight", f: rmmod_with_copies_in_flight },
         Test { name: "unplug_forgets_mirrored_memory", f: unplug_forgets_mirrored_memory },
+        Test { name: "unplug_brings_migrated_memory_back", f: unplug_brings_migrated_memory_back },
     ]
 }

@@ -1,0 +1,249 @@
+// SPDX-License-Identifier: GPL-2.0
+//! Ordinary process memory migrated into device memory (issue 11): PREFETCH moves
+//! anonymous pages into frames of `/dev/gmem_sim0` as device-private pages
+//! (`gmem/obj/dpriv.rs`), a CPU touch brings them back, and they share the device's one
+//! pool and eviction with GMEM regions. Scenarios after `hmm-tests.c` (migrate, then read
+//! back by the CPU; exit with pages on the device; fork after migration).
+
+use crate::harness::{child_exit, open, Test, TestResult};
+use crate::t_sysmem::Anon;
+use crate::{ensure, ok};
+use libgmem::debugfs;
+use libgmem::sim::{checksum, Sim};
+use libgmem::{GMEM_ADV_PREFETCH, GMEM_HOST, GMEM_LOC_DEVICE, GMEM_LOC_HOST, GMEM_LOC_NONE, GMEM_Q_CPU_MAPPED};
+
+const PAGE: usize = 4096;
+
+fn gmem_id(s: &Sim) -> Result<u32, String> {
+    Ok(ok!(s.info()).gmem_id as u32)
+}
+
+/// A counter of the device's `sysmem:` line in debugfs (`frames`, `in`, `out`, `evicted`).
+fn sysmem(dev: u32, key: &str) -> Result<u64, String> {
+    debugfs::counter(dev, &format!("sysmem.{key}")).ok_or_else(|| format!("no sysmem.{key} for device {dev}"))
+}
+
+/// Waits until the device holds `want` frames of process memory (frames come back to the
+/// pool from a work item after their pages were freed).
+fn wait_frames(dev: u32, want: u64) -> TestResult {
+    for _ in 0..300 {
+        if sysmem(dev, "frames")? == want {
+            return Ok(());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    Err(format!("device {dev} holds {} frames of process memory, expected {want}", sysmem(dev, "frames")?))
+}
+
+fn no_thp(m: &Anon) -> TestResult {
+    // SAFETY: our own mapping.
+    ensure!(unsafe { libc::madvise(m.addr as *mut libc::c_void, m.len, libc::MADV_NOHUGEPAGE) } == 0, "madvise");
+    Ok(())
+}
+
+fn pattern(seed: u32, i: usize) -> u32 {
+    (i as u32).wrapping_mul(2_654_435_761) ^ seed
+}
+
+/// A buffer migrated to the device and read back by the CPU: after PREFETCH it is on the
+/// device (QUERY), the device reads and writes it there without faults on reads and
+/// without host pages, and the CPU's first touch brings the device's data back.
+fn dpriv_buffer_migrated_and_read_back() -> TestResult {
+    let (g, s) = open()?;
+    let d = gmem_id(&s)?;
+    let (frames0, in0, out0) = (sysmem(d, "frames")?, sysmem(d, "in")?, sysmem(d, "out")?);
+    let m = Anon::new(64 * PAGE, libc::PROT_READ | libc::PROT_WRITE)?;
+    no_thp(&m)?;
+    let w = m.words();
+    for (i, x) in w.iter_mut().enumerate() {
+        *x = pattern(0x1234, i);
+    }
+    let want: Vec<u32> = w.to_vec();
+    ok!(g.advise(m.addr, m.len as u64, GMEM_ADV_PREFETCH, d as i32, 0));
+    let q = ok!(g.query(m.addr, 64));
+    ensure!(q.iter().all(|&x| x == GMEM_LOC_DEVICE | (d << 8)), "after PREFETCH: {q:x?}");
+    ensure!(sysmem(d, "frames")? == frames0 + 64, "frames held: {}", sysmem(d, "frames")?);
+    ensure!(sysmem(d, "in")? >= in0 + 64, "pages in: {}", sysmem(d, "in")?);
+    // The device reads its own memory: PREFETCH mapped it, nothing faults.
+    let o = ok!(s.checksum(m.addr, m.len as u64));
+    ensure!(o.result == checksum(&want), "device checksum {:#x} != {:#x}", o.result, checksum(&want));
+    ensure!(o.faults == 0, "{} faults on migrated memory", o.faults);
+    // It writes there too (write faults upgrade its entries; the pages stay).
+    ok!(s.fill(m.addr, m.len as u64, 0x5000));
+    let q = ok!(g.query(m.addr, 64));
+    ensure!(q.iter().all(|&x| x == GMEM_LOC_DEVICE | (d << 8)), "after a device FILL: {q:x?}");
+    // The CPU reads: the device's data comes back.
+    for (i, &x) in w.iter().enumerate() {
+        ensure!(x == 0x5000 + i as u32, "word {i}: CPU reads {x:#x} after the device's fill");
+    }
+    let q = ok!(g.query(m.addr, 64));
+    ensure!(q.iter().all(|&x| x == GMEM_LOC_HOST | GMEM_Q_CPU_MAPPED), "after the CPU read: {q:x?}");
+    ensure!(sysmem(d, "out")? >= out0 + 64, "pages out: {}", sysmem(d, "out")?);
+    wait_frames(d, frames0)?;
+    // PREFETCH there and to the host again: back where it was, data kept.
+    ok!(g.advise(m.addr, m.len as u64, GMEM_ADV_PREFETCH, d as i32, 0));
+    ensure!(sysmem(d, "frames")? == frames0 + 64, "second PREFETCH: {} frames", sysmem(d, "frames")?);
+    ok!(g.advise(m.addr, m.len as u64, GMEM_ADV_PREFETCH, GMEM_HOST, 0));
+    let q = ok!(g.query(m.addr, 64));
+    ensure!(q.iter().all(|&x| x == GMEM_LOC_HOST | GMEM_Q_CPU_MAPPED), "after PREFETCH to the host: {q:x?}");
+    wait_frames(d, frames0)?;
+    ensure!(w.iter().enumerate().all(|(i, &x)| x == 0x5000 + i as u32), "data changed on the second trip");
+    Ok(())
+}
+
+/// Never-touched memory migrates as zeros without host pages; the CPU then reads zeros.
+fn dpriv_untouched_memory_moves_as_zeros() -> TestResult {
+    let (g, s) = open()?;
+    let d = gmem_id(&s)?;
+    let frames0 = sysmem(d, "frames")?;
+    let m = Anon::new(32 * PAGE, libc::PROT_READ | libc::PROT_WRITE)?;
+    no_thp(&m)?;
+    ensure!(ok!(g.query(m.addr, 32)).iter().all(|&x| x == GMEM_LOC_NONE), "fresh memory touched");
+    ok!(g.advise(m.addr, m.len as u64, GMEM_ADV_PREFETCH, d as i32, 0));
+    ensure!(sysmem(d, "frames")? == frames0 + 32, "frames held: {}", sysmem(d, "frames")?);
+    let o = ok!(s.checksum(m.addr, m.len as u64));
+    ensure!(o.result == checksum(&[0u32; 32 * PAGE / 4]), "device reads non-zero data");
+    ensure!(m.words().iter().all(|&x| x == 0), "CPU reads non-zero data");
+    wait_frames(d, frames0)?;
+    Ok(())
+}
+
+/// A process exits with its buffer on the device: every frame comes back to the pool.
+fn dpriv_process_exits_with_buffer_on_device() -> TestResult {
+    let (_g, s) = open()?;
+    let d = gmem_id(&s)?;
+    let frames0 = sysmem(d, "frames")?;
+    let used0 = debugfs::counter(d, "used").ok_or("no used counter")?;
+    let code = child_exit(|| {
+        let Ok((g2, _s2)) = open() else { return 10 };
+        let Ok(m) = Anon::new(128 * PAGE, libc::PROT_READ | libc::PROT_WRITE) else { return 11 };
+        m.words().iter_mut().enumerate().for_each(|(i, x)| *x = i as u32);
+        if g2.advise(m.addr, m.len as u64, GMEM_ADV_PREFETCH, d as i32, 0).is_err() {
+            return 12;
+        }
+        if sysmem(d, "frames").ok() != Some(frames0 + 128) {
+            return 13;
+        }
+        std::mem::forget(m);
+        // SAFETY: exits without unmapping anything or closing the device.
+        unsafe { libc::_exit(0) }
+    });
+    ensure!(code == 0, "child failed with {code}");
+    wait_frames(d, frames0)?;
+    let used = debugfs::counter(d, "used").ok_or("no used counter")?;
+    ensure!(used == used0, "device frames used {used}, {used0} before the child");
+    Ok(())
+}
+
+/// fork after migration: the pages are shared copy-on-write; the child's CPU read brings
+/// them back for both, and each process then keeps its own writes.
+fn dpriv_fork_after_migration() -> TestResult {
+    let (g, s) = open()?;
+    let d = gmem_id(&s)?;
+    let frames0 = sysmem(d, "frames")?;
+    let m = Anon::new(16 * PAGE, libc::PROT_READ | libc::PROT_WRITE)?;
+    no_thp(&m)?;
+    let w = m.words();
+    w.iter_mut().enumerate().for_each(|(i, x)| *x = pattern(7, i));
+    ok!(g.advise(m.addr, m.len as u64, GMEM_ADV_PREFETCH, d as i32, 0));
+    let code = child_exit(|| {
+        let w = m.words();
+        if !w.iter().enumerate().all(|(i, &x)| x == pattern(7, i)) {
+            return 20;
+        }
+        w.iter_mut().for_each(|x| *x = 0xc1);
+        0
+    });
+    ensure!(code == 0, "child failed with {code}");
+    ensure!(w.iter().enumerate().all(|(i, &x)| x == pattern(7, i)), "the parent sees the child's writes");
+    let o = ok!(s.checksum(m.addr, m.len as u64));
+    ensure!(o.result == checksum(w), "device checksum disagrees with the parent");
+    drop(m);
+    wait_frames(d, frames0)?;
+    Ok(())
+}
+
+/// More process memory than the device holds: migration makes room by evicting earlier
+/// migrated pages (the pool's one eviction), and every page reads back intact.
+fn dpriv_eviction_shares_the_pool() -> TestResult {
+    let (g, s) = open()?;
+    let d = gmem_id(&s)?;
+    let frames = ok!(s.info()).nr_frames as usize;
+    let ev0 = sysmem(d, "evicted")?;
+    let n = frames + frames / 2;
+    let m = Anon::new(n * PAGE, libc::PROT_READ | libc::PROT_WRITE)?;
+    let w = m.words();
+    w.iter_mut().enumerate().for_each(|(i, x)| *x = pattern(0x99, i));
+    ok!(g.advise(m.addr, m.len as u64, GMEM_ADV_PREFETCH, d as i32, 0));
+    let ev = sysmem(d, "evicted")?;
+    ensure!(ev > ev0, "{n} pages on a device of {frames} frames evicted nothing");
+    let q = ok!(g.query(m.addr, n));
+    let on_dev = q.iter().filter(|&&x| x == GMEM_LOC_DEVICE | (d << 8)).count();
+    ensure!(on_dev > 0 && on_dev <= frames, "{on_dev} of {n} pages on a device of {frames} frames");
+    // Migration evicted no more than it needed: one block's worth of slack at most.
+    ensure!(ev - ev0 <= (n - frames + 512) as u64, "{} pages evicted to migrate {n} into {frames}", ev - ev0);
+    // Region memory and process memory share the pool: a region prefetch of the whole
+    // device evicts the latter.
+    let r = ok!(g.alloc(frames as u64 * PAGE as u64));
+    ok!(g.advise(r.addr, r.len as u64, GMEM_ADV_PREFETCH, d as i32, 0));
+    ensure!(sysmem(d, "evicted")? > ev, "a region's prefetch evicted no process memory");
+    ensure!(w.iter().enumerate().all(|(i, &x)| x == pattern(0x99, i)), "data lost through eviction");
+    // Pages that eviction brought back move again like any other.
+    drop(r);
+    let q = ok!(g.query(m.addr, 64));
+    ensure!(q.iter().all(|&x| x == GMEM_LOC_HOST | GMEM_Q_CPU_MAPPED), "after eviction: {q:x?}");
+    let in0 = sysmem(d, "in")?;
+    ok!(g.advise(m.addr, 64 * PAGE as u64, GMEM_ADV_PREFETCH, d as i32, 0));
+    ensure!(sysmem(d, "in")? == in0 + 64, "{} of 64 evicted pages moved again", sysmem(d, "in")? - in0);
+    Ok(())
+}
+
+/// PREFERRED_LOC of a device on ordinary memory: its faults move the pages into its memory
+/// (block by block) instead of mapping them remotely; ACCESSED_BY of the same device wins
+/// (remote mapping); unset, faults map remotely again. Advice that needs a region is ENOENT.
+fn dpriv_preferred_location_migrates_on_fault() -> TestResult {
+    use libgmem::{
+        GMEM_ADV_ACCESSED_BY, GMEM_ADV_PREFERRED_LOC, GMEM_ADV_READ_MOSTLY, GMEM_ADV_UNSET_ACCESSED_BY,
+        GMEM_ADV_UNSET_PREFERRED_LOC, GMEM_Q_REMOTE,
+    };
+    let (g, s) = open()?;
+    let d = gmem_id(&s)?;
+    let frames0 = sysmem(d, "frames")?;
+    let m = Anon::new(96 * PAGE, libc::PROT_READ | libc::PROT_WRITE)?;
+    no_thp(&m)?;
+    let w = m.words();
+    w.iter_mut().enumerate().for_each(|(i, x)| *x = pattern(0x42, i));
+    let want = checksum(w);
+    let third = 32 * PAGE as u64;
+    // First third: preferred here; second: preferred here but accessed-by; last: no advice.
+    ok!(g.advise(m.addr, 2 * third, GMEM_ADV_PREFERRED_LOC, d as i32, 0));
+    ok!(g.advise(m.addr + third, third, GMEM_ADV_ACCESSED_BY, d as i32, 0));
+    let o = ok!(s.checksum(m.addr, m.len as u64));
+    ensure!(o.result == want, "device checksum {:#x} != {want:#x}", o.result);
+    let q = ok!(g.query(m.addr, 96));
+    let host = GMEM_LOC_HOST | GMEM_Q_CPU_MAPPED | GMEM_Q_REMOTE;
+    ensure!(q[..32].iter().all(|&x| x == GMEM_LOC_DEVICE | (d << 8)), "preferred pages: {:x?}", &q[..32]);
+    ensure!(q[32..].iter().all(|&x| x == host), "accessed-by and unadvised pages: {:x?}", &q[32..]);
+    ensure!(sysmem(d, "frames")? == frames0 + 32, "frames held: {}", sysmem(d, "frames")?);
+    // The CPU takes them back; with the advice gone the device maps them remotely.
+    ensure!(w.iter().enumerate().all(|(i, &x)| x == pattern(0x42, i)), "data changed");
+    ok!(g.advise(m.addr, m.len as u64, GMEM_ADV_UNSET_PREFERRED_LOC, 0, 0));
+    ok!(g.advise(m.addr, m.len as u64, GMEM_ADV_UNSET_ACCESSED_BY, d as i32, 0));
+    ensure!(ok!(s.checksum(m.addr, m.len as u64)).result == want, "checksum after unset");
+    ensure!(ok!(g.query(m.addr, 96)).iter().all(|&x| x == host), "unset advice still migrates");
+    wait_frames(d, frames0)?;
+    crate::expect_errno!(g.advise(m.addr, m.len as u64, GMEM_ADV_READ_MOSTLY, 0, 0), libc::ENOENT);
+    crate::expect_errno!(g.advise(0x10000, 4096, GMEM_ADV_PREFERRED_LOC, d as i32, 0), libc::ENOENT);
+    Ok(())
+}
+
+pub fn tests() -> Vec<Test> {
+    vec![
+        Test { name: "dpriv_buffer_migrated_and_read_back", f: dpriv_buffer_migrated_and_read_back },
+        Test { name: "dpriv_untouched_memory_moves_as_zeros", f: dpriv_untouched_memory_moves_as_zeros },
+        Test { name: "dpriv_process_exits_with_buffer_on_device", f: dpriv_process_exits_with_buffer_on_device },
+        Test { name: "dpriv_fork_after_migration", f: dpriv_fork_after_migration },
+        Test { name: "dpriv_eviction_shares_the_pool", f: dpriv_eviction_shares_the_pool },
+        Test { name: "dpriv_preferred_location_migrates_on_fault", f: dpriv_preferred_location_migrates_on_fault },
+    ]
+}
