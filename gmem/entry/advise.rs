@@ -11,10 +11,10 @@ use crate::mech::{moves, sysmem};
 use crate::obj::device::Device;
 use crate::obj::devices;
 use crate::obj::mirror;
-use crate::obj::region::{adv, Region};
+use crate::obj::region::{adv, Region, ADVICE_RUNS};
 use crate::obj::space::Space;
 use crate::policy::page_state::{Event, Target};
-use crate::policy::range::{self, PageRange, RangeError};
+use crate::policy::range::{self, AdviceMap, PageRange, RangeError};
 use core::sync::atomic::{AtomicBool, Ordering};
 use kernel::{
     new_mutex,
@@ -112,15 +112,10 @@ fn advise_until(space: &Space, a: &Advice, cancel: Option<&Arc<AtomicBool>>) -> 
     match a.advice {
         PREFERRED_LOC => {
             let v = if a.dev == HOST { adv::PREF_HOST } else { u32::from(device_id(a.dev)?) + 1 };
-            let mut cur = region.advice.lock();
-            let mut m = *cur;
-            m.clear(r, adv::PREF_MASK).map_err(|_| E2BIG)?;
-            m.set(r, v << adv::PREF_SHIFT).map_err(|_| E2BIG)?;
-            *cur = m;
-            Ok(())
+            prefer(&region.advice, r, v)
         }
         UNSET_PREFERRED_LOC => hint(false, adv::PREF_MASK),
-        ACCESSED_BY => hint(true, 1 << device_id(a.dev)?),
+        ACCESSED_BY => hint(true, 1u32 << device_id(a.dev)?),
         UNSET_ACCESSED_BY => hint(false, 1u32 << device_id(a.dev)?),
         READ_MOSTLY => hint(true, adv::READ_MOSTLY),
         UNSET_READ_MOSTLY => hint(false, adv::READ_MOSTLY),
@@ -142,6 +137,17 @@ fn advise_until(space: &Space, a: &Advice, cancel: Option<&Arc<AtomicBool>>) -> 
         }
         _ => Err(EINVAL),
     }
+}
+
+/// Replaces the preferred location of `r` in `map` by `v` (`region::adv` encoding): all or
+/// nothing (`E2BIG` if the map has no room for the runs).
+fn prefer(map: &Mutex<AdviceMap<ADVICE_RUNS>>, r: PageRange, v: u32) -> Result {
+    let mut cur = map.lock();
+    let mut m = *cur;
+    m.clear(r, adv::PREF_MASK).map_err(|_| E2BIG)?;
+    m.set(r, v << adv::PREF_SHIFT).map_err(|_| E2BIG)?;
+    *cur = m;
+    Ok(())
 }
 
 /// Advice on ordinary process memory, `[start, end)` (page aligned, its first page in no
@@ -170,12 +176,7 @@ fn sysmem_advise(space: &Space, a: &Advice, start: u64, end: u64, cancel: Option
         PREFETCH => sysmem::prefetch(&dev()?, space, start, end, cancel),
         PREFERRED_LOC => {
             let v = if a.dev == HOST { adv::PREF_HOST } else { u32::from(dev()?.id as u8) + 1 };
-            let mut cur = space.sysmem_advice.lock();
-            let mut m = *cur;
-            m.clear(r, adv::PREF_MASK).map_err(|_| E2BIG)?;
-            m.set(r, v << adv::PREF_SHIFT).map_err(|_| E2BIG)?;
-            *cur = m;
-            Ok(())
+            prefer(&space.sysmem_advice, r, v)
         }
         UNSET_PREFERRED_LOC => hint(false, adv::PREF_MASK),
         ACCESSED_BY => hint(true, 1u32 << dev()?.id),

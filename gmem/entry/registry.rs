@@ -29,7 +29,7 @@ use crate::mech::{evacuate, fault};
 use crate::obj::device::{CDriver, Device};
 use crate::obj::devices;
 use crate::obj::space::{self, Space};
-use crate::obj::trace;
+use crate::obj::{sched, trace};
 use crate::policy::batch;
 use kernel::{
     ffi::c_int,
@@ -227,10 +227,10 @@ pub(crate) unsafe extern "C" fn gmem_dev_fault(
         let k = batch::coalesce(&mut v);
         // SAFETY: live handles by the caller's contract.
         let (dev, space) = unsafe { (device_of(dev), from_handle(space)) };
-        let t0 = fault::now_ns();
+        let t0 = sched::now_ns();
         let r = fault::device_fault(&dev, space, &v[..k], access & GMEM_ACCESS_WRITE != 0);
         let err = r.as_ref().err().map_or(0, |e| e.to_errno());
-        trace::dev_fault(dev.id, space.id, k, fault::now_ns().saturating_sub(t0), err);
+        trace::dev_fault(dev.id, space.id, k, sched::now_ns().saturating_sub(t0), err);
         r
     })();
     match r {

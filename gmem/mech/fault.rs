@@ -12,11 +12,11 @@ use crate::mech::{prefetch, readahead, sysmem};
 use crate::obj::device::{DevStats, Device};
 use crate::obj::region::{adv, block_base, Pages, Region, ADVICE_RUNS};
 use crate::obj::space::{Space, Thrash};
-use crate::obj::{trace, tune};
+use crate::obj::{sched, trace, tune};
 use crate::policy::batch;
 use crate::policy::page_state::{transition, Actions, Copy, Event, Loc, PageState, Refused, Target};
 use crate::policy::range::AdviceMap;
-use crate::policy::thrash::{ThrashParams, Verdict};
+use crate::policy::thrash::Verdict;
 use core::sync::atomic::Ordering::Relaxed;
 use kernel::{bindings, ffi::c_ulong, prelude::*, sync::Arc};
 
@@ -172,18 +172,6 @@ pub(crate) fn device_fault(dev: &Arc<Device>, space: &Space, addrs: &[u64], writ
     sysmem::device_fault(dev, space, &others, write)
 }
 
-/// Thrashing parameters: UVM's (3 moves within 500 us, pin after 10 throttles, for 300
-/// windows), with the window tunable (`thrash_window_us`).
-fn thrash_params() -> ThrashParams {
-    let window_ns = u64::from(tune::THRASH_WINDOW_US.load(Relaxed)) * 1000;
-    ThrashParams { window_ns, moves: 3, throttles_to_pin: 10, pin_ns: window_ns * 300 }
-}
-
-pub(crate) fn now_ns() -> u64 {
-    // SAFETY: reading the monotonic clock has no preconditions.
-    unsafe { bindings::ktime_get() as u64 }
-}
-
 /// Records the migrations of the pages of `steps` that moved data (copies, not zero
 /// fills) in the space's thrash table, under one acquisition of its lock per batch;
 /// returns true to throttle.
@@ -200,14 +188,14 @@ pub(crate) fn record_moves(dev: Option<&Device>, space: &Space, r: &Region, step
     let (mut hits, mut throttle) = (0u64, false);
     {
         let mut t = space.thrash.lock();
-        let now = now_ns();
+        let now = sched::now_ns();
         for st in steps.iter().filter(moved) {
             let va = r.va(st.i);
             if !t.recent.seen_again(va) {
                 // First move of this page in a while: nothing to track.
                 continue;
             }
-            let v = t.table.on_move(va, now, &thrash_params());
+            let v = t.table.on_move(va, now, &tune::thrash_params());
             hits += u64::from(!matches!(v, Verdict::Migrate));
             throttle |= matches!(v, Verdict::Throttle);
         }
@@ -238,7 +226,7 @@ fn dev_fault_step(
     let mut accessed_by = bits & (1 << d) != 0 || adv::preferred(bits) == Some(Target::Host);
     if !accessed_by
         && s.loc() == Loc::Host
-        && thrash.is_some_and(|t| !t.table.is_empty() && t.table.pinned(r.va(i), now_ns()))
+        && thrash.is_some_and(|t| !t.table.is_empty() && t.table.pinned(r.va(i), sched::now_ns()))
     {
         accessed_by = true;
     }

@@ -16,10 +16,11 @@ use crate::obj::devices;
 use crate::obj::dpriv::MigBuf;
 use crate::obj::mirror::{pfn_present, Mapped, BLOCK_PAGES, REQ_LOOK, REQ_READ, REQ_WRITE};
 use crate::obj::region::{adv, block_base, BLOCK_BYTES};
-use crate::obj::sched;
 use crate::obj::space::Space;
+use crate::obj::{sched, trace, tune};
 use crate::policy::batch;
 use crate::policy::page_state::{sysmem_query_word, SysLoc, Target};
+use crate::policy::thrash::Verdict;
 use core::sync::atomic::{AtomicBool, Ordering};
 use kernel::{ffi::c_ulong, prelude::*, rbtree::RBTreeNode, sync::Arc};
 
@@ -51,7 +52,7 @@ pub(crate) fn device_fault(dev: &Arc<Device>, space: &Space, addrs: &[u64], writ
         // first (best effort: what cannot move, or finds no room, is mapped remotely).
         if dev.dpriv.is_some() {
             let runs = fetch_runs(space, dev, base, block)?;
-            if !runs.is_empty() {
+            if !runs.is_empty() && !bouncing(dev, space, base) {
                 if buf.is_none() {
                     buf = Some(MigBuf::new()?);
                 }
@@ -126,6 +127,33 @@ fn fetch_runs(space: &Space, dev: &Device, base: u64, block: &[u64]) -> Result<K
         }
     }
     Ok(runs)
+}
+
+/// Whether the block at `base` keeps bouncing between `dev` and the CPU (moved to the
+/// device again and again within the thrashing window, `mech/fault.rs`): the same table
+/// and verdicts as GMEM regions' pages, keyed by the block's address; then the fault maps
+/// it remotely instead of moving it. Records this move otherwise.
+fn bouncing(dev: &Device, space: &Space, base: u64) -> bool {
+    if !tune::THRASH.load(Ordering::Relaxed) {
+        return false;
+    }
+    let now = sched::now_ns();
+    let v = {
+        let mut t = space.thrash.lock();
+        if t.table.pinned(base, now) {
+            Verdict::PinRemote
+        } else if t.recent.seen_again(base) {
+            t.table.on_move(base, now, &tune::thrash_params())
+        } else {
+            Verdict::Migrate
+        }
+    };
+    if matches!(v, Verdict::Migrate) {
+        return false;
+    }
+    DevStats::add(&dev.stats.thrash_events, 1);
+    trace::thrash(dev.id, 1, matches!(v, Verdict::Throttle));
+    true
 }
 
 /// Moves what can move of `[a, stop)` (page aligned, within one 2 MiB block) into `dev`'s

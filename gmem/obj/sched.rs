@@ -25,3 +25,9 @@ pub(crate) fn fatal_signal_pending() -> bool {
     // SAFETY: reads the current task's pending signals; no arguments.
     unsafe { gmem_fatal_signal_pending() }
 }
+
+/// The monotonic clock, in nanoseconds.
+pub(crate) fn now_ns() -> u64 {
+    // SAFETY: reading the monotonic clock has no preconditions.
+    unsafe { kernel::bindings::ktime_get() as u64 }
+}

@@ -26,3 +26,10 @@ pub(crate) static LANES: AtomicU32 = AtomicU32::new(2);
 pub(crate) const MAX_LANES: u32 = 4;
 pub(crate) static THRASH: AtomicBool = AtomicBool::new(true);
 pub(crate) static THRASH_WINDOW_US: AtomicU32 = AtomicU32::new(500);
+
+/// Thrashing parameters: UVM's (3 moves within 500 us, pin after 10 throttles, for 300
+/// windows), with the window tunable (`thrash_window_us`).
+pub(crate) fn thrash_params() -> crate::policy::thrash::ThrashParams {
+    let window_ns = u64::from(THRASH_WINDOW_US.load(core::sync::atomic::Ordering::Relaxed)) * 1000;
+    crate::policy::thrash::ThrashParams { window_ns, moves: 3, throttles_to_pin: 10, pin_ns: window_ns * 300 }
+}

@@ -10,7 +10,7 @@ use crate::t_sysmem::Anon;
 use crate::{ensure, ok};
 use libgmem::debugfs;
 use libgmem::sim::{checksum, Sim};
-use libgmem::{GMEM_ADV_PREFETCH, GMEM_HOST, GMEM_LOC_DEVICE, GMEM_LOC_HOST, GMEM_LOC_NONE, GMEM_Q_CPU_MAPPED};
+use libgmem::{Gmem, GMEM_ADV_PREFETCH, GMEM_HOST, GMEM_LOC_DEVICE, GMEM_LOC_HOST, GMEM_LOC_NONE, GMEM_Q_CPU_MAPPED};
 
 const PAGE: usize = 4096;
 
@@ -35,10 +35,16 @@ fn wait_frames(dev: u32, want: u64) -> TestResult {
     Err(format!("device {dev} holds {} frames of process memory, expected {want}", sysmem(dev, "frames")?))
 }
 
-fn no_thp(m: &Anon) -> TestResult {
+/// This process's files, device 0's gmem id and the frames it holds of process memory
+/// now, and a fresh buffer of `pages` pages without THP (migration moves base pages).
+fn setup(pages: usize) -> Result<(Gmem, Sim, u32, u64, Anon), String> {
+    let (g, s) = open()?;
+    let d = gmem_id(&s)?;
+    let frames0 = sysmem(d, "frames")?;
+    let m = Anon::new(pages * PAGE, libc::PROT_READ | libc::PROT_WRITE)?;
     // SAFETY: our own mapping.
     ensure!(unsafe { libc::madvise(m.addr as *mut libc::c_void, m.len, libc::MADV_NOHUGEPAGE) } == 0, "madvise");
-    Ok(())
+    Ok((g, s, d, frames0, m))
 }
 
 fn pattern(seed: u32, i: usize) -> u32 {
@@ -49,11 +55,8 @@ fn pattern(seed: u32, i: usize) -> u32 {
 /// device (QUERY), the device reads and writes it there without faults on reads and
 /// without host pages, and the CPU's first touch brings the device's data back.
 fn dpriv_buffer_migrated_and_read_back() -> TestResult {
-    let (g, s) = open()?;
-    let d = gmem_id(&s)?;
-    let (frames0, in0, out0) = (sysmem(d, "frames")?, sysmem(d, "in")?, sysmem(d, "out")?);
-    let m = Anon::new(64 * PAGE, libc::PROT_READ | libc::PROT_WRITE)?;
-    no_thp(&m)?;
+    let (g, s, d, frames0, m) = setup(64)?;
+    let (in0, out0) = (sysmem(d, "in")?, sysmem(d, "out")?);
     let w = m.words();
     for (i, x) in w.iter_mut().enumerate() {
         *x = pattern(0x1234, i);
@@ -93,11 +96,7 @@ fn dpriv_buffer_migrated_and_read_back() -> TestResult {
 
 /// Never-touched memory migrates as zeros without host pages; the CPU then reads zeros.
 fn dpriv_untouched_memory_moves_as_zeros() -> TestResult {
-    let (g, s) = open()?;
-    let d = gmem_id(&s)?;
-    let frames0 = sysmem(d, "frames")?;
-    let m = Anon::new(32 * PAGE, libc::PROT_READ | libc::PROT_WRITE)?;
-    no_thp(&m)?;
+    let (g, s, d, frames0, m) = setup(32)?;
     ensure!(ok!(g.query(m.addr, 32)).iter().all(|&x| x == GMEM_LOC_NONE), "fresh memory touched");
     ok!(g.advise(m.addr, m.len as u64, GMEM_ADV_PREFETCH, d as i32, 0));
     ensure!(sysmem(d, "frames")? == frames0 + 32, "frames held: {}", sysmem(d, "frames")?);
@@ -138,11 +137,7 @@ fn dpriv_process_exits_with_buffer_on_device() -> TestResult {
 /// fork after migration: the pages are shared copy-on-write; the child's CPU read brings
 /// them back for both, and each process then keeps its own writes.
 fn dpriv_fork_after_migration() -> TestResult {
-    let (g, s) = open()?;
-    let d = gmem_id(&s)?;
-    let frames0 = sysmem(d, "frames")?;
-    let m = Anon::new(16 * PAGE, libc::PROT_READ | libc::PROT_WRITE)?;
-    no_thp(&m)?;
+    let (g, s, d, frames0, m) = setup(16)?;
     let w = m.words();
     w.iter_mut().enumerate().for_each(|(i, x)| *x = pattern(7, i));
     ok!(g.advise(m.addr, m.len as u64, GMEM_ADV_PREFETCH, d as i32, 0));
@@ -206,11 +201,7 @@ fn dpriv_preferred_location_migrates_on_fault() -> TestResult {
         GMEM_ADV_ACCESSED_BY, GMEM_ADV_PREFERRED_LOC, GMEM_ADV_READ_MOSTLY, GMEM_ADV_UNSET_ACCESSED_BY,
         GMEM_ADV_UNSET_PREFERRED_LOC, GMEM_Q_REMOTE,
     };
-    let (g, s) = open()?;
-    let d = gmem_id(&s)?;
-    let frames0 = sysmem(d, "frames")?;
-    let m = Anon::new(96 * PAGE, libc::PROT_READ | libc::PROT_WRITE)?;
-    no_thp(&m)?;
+    let (g, s, d, frames0, m) = setup(96)?;
     let w = m.words();
     w.iter_mut().enumerate().for_each(|(i, x)| *x = pattern(0x42, i));
     let want = checksum(w);
@@ -237,6 +228,47 @@ fn dpriv_preferred_location_migrates_on_fault() -> TestResult {
     Ok(())
 }
 
+/// PREFERRED_LOC of a device, and the CPU keeps writing the same block: the moves are
+/// seen as thrashing (the regions' policy, keyed by the block) and the block stays on the
+/// host, mapped remotely, with every write kept.
+fn dpriv_bouncing_block_stays_on_the_host() -> TestResult {
+    use crate::t_overcommit::control;
+    // Bounces are slow under emulation: judge the mechanism with a 1 s window.
+    control("thrash_window_us=1000000")?;
+    let r = bounce();
+    control("thrash_window_us=500")?;
+    r
+}
+
+fn bounce() -> TestResult {
+    use libgmem::{GMEM_ADV_PREFERRED_LOC, GMEM_ADV_UNSET_PREFERRED_LOC, GMEM_Q_REMOTE};
+    let (g, s, d, frames0, m) = setup(16)?;
+    let before = crate::t_overcommit::counter(d, "prefetch.thrash_events")?;
+    ok!(g.advise(m.addr, m.len as u64, GMEM_ADV_PREFERRED_LOC, d as i32, 0));
+    let w = m.words();
+    let mut expect = 0u32;
+    let mut remote = false;
+    for round in 0..200 {
+        w[0] = w[0].wrapping_add(1); // CPU write: the block comes home
+        expect = expect.wrapping_add(1);
+        ok!(s.touch(m.addr, 4096, 1, 1, true)); // device write: it moves out again
+        expect = expect.wrapping_add(1);
+        let q = ok!(g.query(m.addr, 1))[0];
+        if q == GMEM_LOC_HOST | GMEM_Q_CPU_MAPPED | GMEM_Q_REMOTE {
+            remote = true;
+            ensure!(round > 1, "kept on the host after only {round} rounds");
+            break;
+        }
+        ensure!(q == GMEM_LOC_DEVICE | (d << 8), "round {round}: page at {q:#x}");
+    }
+    let events = crate::t_overcommit::counter(d, "prefetch.thrash_events")? - before;
+    ensure!(events > 0 && remote, "no thrashing seen in 200 bounces ({events} events)");
+    ensure!(w[0] == expect, "data lost while bouncing: {} != {expect}", w[0]);
+    ok!(g.advise(m.addr, m.len as u64, GMEM_ADV_UNSET_PREFERRED_LOC, 0, 0));
+    drop(m);
+    wait_frames(d, frames0)
+}
+
 pub fn tests() -> Vec<Test> {
     vec![
         Test { name: "dpriv_buffer_migrated_and_read_back", f: dpriv_buffer_migrated_and_read_back },
@@ -245,5 +277,6 @@ pub fn tests() -> Vec<Test> {
         Test { name: "dpriv_fork_after_migration", f: dpriv_fork_after_migration },
         Test { name: "dpriv_eviction_shares_the_pool", f: dpriv_eviction_shares_the_pool },
         Test { name: "dpriv_preferred_location_migrates_on_fault", f: dpriv_preferred_location_migrates_on_fault },
+        Test { name: "dpriv_bouncing_block_stays_on_the_host", f: dpriv_bouncing_block_stays_on_the_host },
     ]
 }

@@ -367,13 +367,18 @@ fn unplug_forgets_mirrored_memory() -> TestResult {
         Ok(())
     })();
     drop(m);
+    after_unplug(res, "callback after gmem_dev_unregister")
+}
+
+/// The end of an unplug scenario whose result is `res`: whatever step failed, the driver
+/// is loaded again for the tests after this one (an insmod of a loaded module just fails),
+/// and the kernel log must show every frame returned and no line with `bad`.
+fn after_unplug(res: TestResult, bad: &str) -> TestResult {
     if res.is_err() {
-        // Whatever step failed, the driver is there for the tests after this one (an
-        // insmod of a loaded module just fails).
         let _ = sh(&format!("{INSMOD} 2>/dev/null"));
     }
     let log = take_log()?;
-    ensure!(!frames_left(&log) && !log.contains("callback after gmem_dev_unregister"), "unregistration:\n{log}");
+    ensure!(!frames_left(&log) && !log.contains(bad), "unregistration:\n{log}");
     res
 }
 
@@ -406,12 +411,7 @@ fn unplug_brings_migrated_memory_back() -> TestResult {
         Ok(())
     })();
     drop(m);
-    if res.is_err() {
-        let _ = sh(&format!("{INSMOD} 2>/dev/null"));
-    }
-    let log = take_log()?;
-    ensure!(!frames_left(&log) && !log.contains("will not move back"), "unregistration:\n{log}");
-    res
+    after_unplug(res, "will not move back")
 }
 
 pub fn tests() -> Vec<Test> {
