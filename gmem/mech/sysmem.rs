@@ -13,8 +13,8 @@ use crate::exec::mirror::{self, Mapping};
 use crate::mech::evict::{self, Why};
 use crate::obj::device::{DevStats, Device};
 use crate::obj::devices;
-use crate::obj::dpriv::MigBuf;
-use crate::obj::mirror::{pfn_present, Mapped, BLOCK_PAGES, REQ_LOOK, REQ_READ, REQ_WRITE};
+use crate::obj::dpriv::{MigBuf, Pagemap};
+use crate::obj::mirror::{pfn_present, Mapped, Notifier, BLOCK_PAGES, REQ_LOOK, REQ_READ, REQ_WRITE};
 use crate::obj::region::{adv, block_base, BLOCK_BYTES};
 use crate::obj::space::Space;
 use crate::obj::{sched, trace, tune};
@@ -48,11 +48,15 @@ pub(crate) fn device_fault(dev: &Arc<Device>, space: &Space, addrs: &[u64], writ
     for block in batch::by_block(addrs) {
         let Some(&a0) = block.first() else { continue };
         let base = block_base(usize::try_from(a0).map_err(|_| EFAULT)?) as u64;
+        // The notifier of the block's chunk (blocks never straddle chunks).
+        let notifier = space.notifier(a0, write)?;
         // PREFERRED_LOC of this device: the block's advised pages move into its memory
-        // first (best effort: what cannot move, or finds no room, is mapped remotely).
-        if dev.dpriv.is_some() {
+        // first (best effort: what cannot move, or finds no room, is mapped remotely),
+        // unless they are all there already.
+        if let Some(pm) = dev.dpriv.as_ref() {
             let runs = fetch_runs(space, dev, base, block)?;
-            if !runs.is_empty() && !bouncing(dev, space, base) {
+            if !runs.is_empty() && !all_moved(pm, &notifier, base, &runs, &mut req, &mut pfns) && !bouncing(dev, space, base)
+            {
                 if buf.is_none() {
                     buf = Some(MigBuf::new()?);
                 }
@@ -65,8 +69,6 @@ pub(crate) fn device_fault(dev: &Arc<Device>, space: &Space, addrs: &[u64], writ
                 }
             }
         }
-        // The notifier of the block's chunk (blocks never straddle chunks).
-        let notifier = space.notifier(a0, write)?;
         req.fill(0);
         for &a in block {
             let k = ((a - base) / 4096) as usize;
@@ -127,6 +129,26 @@ fn fetch_runs(space: &Space, dev: &Device, base: u64, block: &[u64]) -> Result<K
         }
     }
     Ok(runs)
+}
+
+/// Whether every page of `runs` (byte runs of block `base`) in the VMA of the first one is
+/// on `pm`'s device already (a look at the page tables: nothing is faulted in). Uses `req`
+/// and `pfns` as scratch. A walk that fails says no: the fault reports the error.
+fn all_moved(
+    pm: &Pagemap,
+    notifier: &Notifier,
+    base: u64,
+    runs: &[(u64, u64)],
+    req: &mut [u8; BLOCK_PAGES],
+    pfns: &mut [c_ulong; BLOCK_PAGES],
+) -> bool {
+    let page = |a: u64| ((a - base) / 4096) as usize;
+    req.fill(0);
+    for &(lo, hi) in runs {
+        req[page(lo)..page(hi)].fill(REQ_LOOK);
+    }
+    let Ok(snap) = notifier.fault(Some(pm), base, req, pfns) else { return false };
+    (snap.first..snap.first + snap.count).all(|k| req[k] == 0 || pm.frame_of(pfns[k]).is_some())
 }
 
 /// Whether the block at `base` keeps bouncing between `dev` and the CPU (moved to the
