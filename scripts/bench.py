@@ -301,7 +301,8 @@ def markdown(d):
         hm = p3.get("hmm")
         rows = []
         for key, name in (("gmem", "GMEM, device reads (PREFETCH + CPU read fault)"),
-                          ("gmem_dirty", "GMEM, device writes in between (untimed)")):
+                          ("gmem_dirty", "GMEM, device writes in between (untimed)"),
+                          ("gmem_sysmem", "GMEM, anonymous memory (device-private pages)")):
             gm = p3.get(key)
             if gm:
                 rows.append([name, st(gm.get("ns_per_page")), st(gm.get("to_device_ns_per_page")),
@@ -321,7 +322,10 @@ def markdown(d):
                      f"**{f(p3.get('ratio_dirty_vs_hmm_without_bounce'))}** against HMM without the bounce copy "
                      f"that MIGRATE_TO_DEV makes for its own verification (measured alone with HMM_DMIRROR_READ; "
                      f"the target is judged on this one). Device only reads: {f(p3.get('ratio'))} raw, "
-                     f"{f(p3.get('ratio_vs_hmm_without_bounce'))} without the bounce copy.")
+                     f"{f(p3.get('ratio_vs_hmm_without_bounce'))} without the bounce copy. Anonymous "
+                     f"memory (an `mmap`'d buffer moved to device-private pages by PREFETCH, as dmirror's): "
+                     f"{f(p3.get('ratio_sysmem'))} raw, **{f(p3.get('ratio_sysmem_vs_hmm_without_bounce'))}** "
+                     f"without the bounce copy.")
         else:
             L.append(f"HMM not measured: {p3.get('hmm_error')}")
         L.append("")
@@ -429,21 +433,25 @@ def markdown(d):
         L.append(f"{f((p9.get('bytes') or 0) / 2**20)} MiB on sim0, device faults only (no link model). "
                  "`malloc`: a `Vec` of the benchmark process, which gmem mirrors (the device maps the "
                  "process's own pages remotely, no copy; the run checks that the copy engine moved nothing). "
+                 "Migrated: the same `Vec` under PREFERRED_LOC of the device, whose faults move it into "
+                 "device memory as device-private pages. "
                  "Region: a GMEM region, whose pages migrate to the device. Reads: CHECKSUM of CPU-written "
                  "data; writes: FILL of untouched memory. Data checked every run.")
         L.append("")
         rows = []
         for key, name in (("region_read", "GMEM region, read"), ("malloc_read", "malloc'd, read"),
-                          ("region_write", "GMEM region, write"), ("malloc_write", "malloc'd, write")):
+                          ("migrate_read", "malloc'd, migrated, read"),
+                          ("region_write", "GMEM region, write"), ("malloc_write", "malloc'd, write"),
+                          ("migrate_write", "malloc'd, migrated, write")):
             r = p9.get(key) or {}
             rows.append([name, st(r.get("time_s"), 3, 1e3), st(r.get("bw_mbs")), st(r.get("ns_per_page"), 0),
                          st(r.get("batches"), 0)])
         L.append(table(["", "time ms", "MB/s", "ns per page", "fault batches"], rows))
         L.append("")
-        L.append(f"Time on the region / time on malloc'd memory: reads **{f(p9.get('ratio_read'))}**, "
-                 f"writes **{f(p9.get('ratio_write'))}** (above 1: malloc'd memory is faster). "
-                 "Migration of malloc'd memory to the device is not built yet, so only the remote-mapping "
-                 "side is measured.")
+        L.append(f"Time on the region / time on malloc'd memory: remote mapping, reads "
+                 f"**{f(p9.get('ratio_read'))}**, writes **{f(p9.get('ratio_write'))}**; migrated, reads "
+                 f"**{f(p9.get('ratio_migrate_read'))}**, writes **{f(p9.get('ratio_migrate_write'))}** "
+                 "(above 1: malloc'd memory is faster).")
         L.append("")
     errs = d.get("errors") or []
     L.append("## Errors")
