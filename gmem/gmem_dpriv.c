@@ -67,13 +67,25 @@ struct gmem_dpriv_back {
 };
 
 /*
+ * Whether migrate_vma_setup() can move nothing of @vma to a device: it refuses hugetlb,
+ * DAX and VM_SPECIAL mappings (-EINVAL), and shared mappings hold only file or shmem
+ * pages, which it would collect and unmap only for the move to fail at the end. Their
+ * pages stay on the host, mapped remotely.
+ */
+static bool gmem_dpriv_unmovable(struct vm_area_struct *vma)
+{
+	return is_vm_hugetlb_page(vma) || (vma->vm_flags & (VM_SPECIAL | VM_SHARED)) || vma_is_dax(vma);
+}
+
+/*
  * Fills @b->dst[0..@n) for the device pages @b->src selects: a new locked host page each
- * (placed for @vma at @start + i pages if @vma is given), holding the frame's data copied by
- * the driver. A page that gets no host page, or whose copy failed, gets dst 0 and stays on
- * the device. Returns how many were filled, or -EIO if the copy failed (none is then).
+ * (placed for @vma at @start + i pages if @vma is given; allocated with __GFP_NOFAIL if
+ * @nofail), holding the frame's data copied by the driver. A page that gets no host page,
+ * or whose copy failed, gets dst 0 and stays on the device. Returns how many were filled,
+ * or -EIO if the copy failed (none is then).
  */
 static long gmem_dpriv_fill_back(struct gmem_dpriv *d, struct gmem_dpriv_back *b, unsigned long n,
-					  struct vm_area_struct *vma, unsigned long start)
+				 struct vm_area_struct *vma, unsigned long start, bool nofail)
 {
 	unsigned long i, k = 0;
 
@@ -85,7 +97,7 @@ static long gmem_dpriv_fill_back(struct gmem_dpriv *d, struct gmem_dpriv_back *b
 		if (!sp || !(b->src[i] & MIGRATE_PFN_MIGRATE) || page_pgmap(sp) != &d->pgmap)
 			continue;
 		hp = vma ? alloc_page_vma(GFP_HIGHUSER_MOVABLE, vma, start + (i << PAGE_SHIFT)) :
-			   alloc_page(GFP_HIGHUSER_MOVABLE);
+			   alloc_page(GFP_HIGHUSER_MOVABLE | (nofail ? __GFP_NOFAIL : 0));
 		if (!hp)
 			continue;
 		lock_page(hp);
@@ -140,7 +152,7 @@ static vm_fault_t gmem_dpriv_migrate_to_ram(struct vm_fault *vmf)
 		kvfree(b);
 		return VM_FAULT_SIGBUS;
 	}
-	filled = gmem_dpriv_fill_back(d, b, args.npages, vma, args.start);
+	filled = gmem_dpriv_fill_back(d, b, args.npages, vma, args.start, false);
 	/*
 	 * The faulting page was selected but could not come back: the access cannot proceed
 	 * (the device failed to copy it, or no host page was free).
@@ -215,13 +227,14 @@ void gmem_dpriv_free(struct gmem_dpriv *d)
 	kfree(d);
 }
 
-long gmem_dpriv_evict(struct gmem_dpriv *d, const u64 *frames, unsigned long n);
+long gmem_dpriv_evict(struct gmem_dpriv *d, const u64 *frames, unsigned long n, bool nofail);
 /*
  * Moves the pages of frames @frames[0..@n) (at most a batch; any that hold no page are
- * skipped) back to host memory, wherever they are mapped. Returns how many moved, or
- * -ENOMEM. Process context, no mmap lock needed.
+ * skipped) back to host memory, wherever they are mapped; with @nofail the host pages are
+ * allocated with __GFP_NOFAIL (unregistration: the frames must empty). Returns how many
+ * moved, or -ENOMEM. Process context, no mmap lock needed.
  */
-long gmem_dpriv_evict(struct gmem_dpriv *d, const u64 *frames, unsigned long n)
+long gmem_dpriv_evict(struct gmem_dpriv *d, const u64 *frames, unsigned long n, bool nofail)
 {
 	struct gmem_dpriv_back *b;
 	unsigned long i;
@@ -240,7 +253,7 @@ long gmem_dpriv_evict(struct gmem_dpriv *d, const u64 *frames, unsigned long n)
 		b->src[i] = d->base_pfn + frames[i];
 	}
 	migrate_device_pfns(b->src, n);
-	gmem_dpriv_fill_back(d, b, n, NULL, 0);
+	gmem_dpriv_fill_back(d, b, n, NULL, 0, nofail);
 	migrate_device_pages(b->src, b->dst, n);
 	for (i = 0; i < n; i++)
 		moved += b->dst[i] && (b->src[i] & MIGRATE_PFN_MIGRATE);
@@ -288,12 +301,15 @@ long gmem_dpriv_to_host(struct gmem_dpriv *d, struct mm_struct *mm, unsigned lon
 	args.src = b->src;
 	args.dst = b->dst;
 	*count = (args.end - args.start) >> PAGE_SHIFT;
+	/* No page of such a mapping ever moved to a device. */
+	if (gmem_dpriv_unmovable(vma))
+		goto out;
 	ret = migrate_vma_setup(&args);
 	if (ret) {
 		moved = ret;
 		goto out;
 	}
-	gmem_dpriv_fill_back(d, b, args.npages, vma, args.start);
+	gmem_dpriv_fill_back(d, b, args.npages, vma, args.start, false);
 	migrate_vma_pages(&args);
 	for (i = 0; i < args.npages; i++)
 		moved += b->dst[i] && (b->src[i] & MIGRATE_PFN_MIGRATE);
@@ -333,8 +349,9 @@ int gmem_dpriv_collect(struct gmem_dpriv_mig *m, struct gmem_dpriv *d, struct mm
  * clipped to the VMA of @start) to device @d: takes the mmap read lock of @mm (a user
  * reference held by the caller) and collects the pages that can move (anonymous private
  * memory, including never-touched pages), locked and unmapped. *@count: the pages of the
- * clipped range. On 0 the lock stays held until gmem_dpriv_commit(); on an error nothing is
- * held (-EFAULT: no VMA gmem mirrors at @start).
+ * clipped range. On 0 the lock stays held until gmem_dpriv_commit(); on 1 (a mapping whose
+ * pages cannot move: gmem_dpriv_unmovable()) and on an error nothing is held (-EFAULT: no
+ * VMA gmem mirrors at @start).
  */
 int gmem_dpriv_collect(struct gmem_dpriv_mig *m, struct gmem_dpriv *d, struct mm_struct *mm, unsigned long start,
 		       unsigned long npages, unsigned long *count)
@@ -351,6 +368,11 @@ int gmem_dpriv_collect(struct gmem_dpriv_mig *m, struct gmem_dpriv *d, struct mm
 	ret = vma ? gmem_mirror_vma_ok(vma, false) : -EFAULT;
 	if (ret)
 		goto fail;
+	if (gmem_dpriv_unmovable(vma)) {
+		*count = (min(start + (npages << PAGE_SHIFT), vma->vm_end) - start) >> PAGE_SHIFT;
+		ret = 1;
+		goto fail;
+	}
 	memset(&m->args, 0, sizeof(m->args));
 	m->args.vma = vma;
 	m->args.start = start;
@@ -375,13 +397,19 @@ fail:
 int gmem_dpriv_source(struct gmem_dpriv_mig *m, unsigned long i, struct page **page);
 /*
  * Whether page @i of a collected range moves (1) or stays (0); *@page: its host page, or
- * NULL for a page never touched (the device fills it with zeros).
+ * NULL for a page never touched (the device fills it with zeros). A file page (of a
+ * private file mapping, not yet written) stays: only anonymous folios move.
  */
 int gmem_dpriv_source(struct gmem_dpriv_mig *m, unsigned long i, struct page **page)
 {
+	struct page *p;
+
 	if (i >= m->args.npages || !(m->src[i] & MIGRATE_PFN_MIGRATE))
 		return 0;
-	*page = migrate_pfn_to_page(m->src[i]);
+	p = migrate_pfn_to_page(m->src[i]);
+	if (p && !folio_test_anon(page_folio(p)))
+		return 0;
+	*page = p;
 	return 1;
 }
 

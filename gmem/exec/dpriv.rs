@@ -19,7 +19,7 @@
 
 use crate::abi::{GmemCopy, GMEM_COPY_D2H, GMEM_COPY_H2D, GMEM_COPY_ZERO};
 use crate::obj::device::{kick_always, DevStats, Device, DeviceOps, F_SYSMEM};
-use crate::obj::dpriv::{MigBuf, Source, BATCH};
+use crate::obj::dpriv::{Collected, MigBuf, Source, BATCH};
 use crate::obj::space::Space;
 use crate::obj::trace;
 use kernel::{
@@ -37,15 +37,18 @@ use kernel::{
 /// pages, which moves none). `EFAULT` if no mapping gmem mirrors is at `start`, `ENODEV`
 /// if the device is going away.
 pub(crate) fn to_device(
-    dev: &Device,
+    dev: &Arc<Device>,
     space: &Space,
     buf: &mut MigBuf,
     start: u64,
     npages: usize,
 ) -> Result<(usize, usize)> {
-    let Some(pm) = dev.dpriv.as_ref() else { return Ok((0, npages)) };
+    if !dev.maps_sysmem() {
+        return Ok((0, npages));
+    }
     // Inside it, the pagemap stays and unregistration's evacuation waits for this.
     let _placing = dev.placing().ok_or(ENODEV)?;
+    let pm = dev.dpriv_or_create()?;
     let ops = dev.ops().ok_or(ENODEV)?;
     let mm = space.mm_user().ok_or(EFAULT)?;
     dev.drain_released();
@@ -55,7 +58,10 @@ pub(crate) fn to_device(
     let mut frames = KVec::with_capacity(BATCH, GFP_KERNEL)?;
     let mut charges = KVec::new();
     // From here to the commit, the block's pages are locked and the mmap lock held.
-    let mut mig = buf.collect(pm, &mm, start, npages)?;
+    let mut mig = match buf.collect(pm, &mm, start, npages)? {
+        Collected::Migration(m) => m,
+        Collected::Unmovable(covered) => return Ok((0, covered)),
+    };
     let covered = mig.count;
     for i in 0..mig.count {
         let p = match mig.source(i) {
@@ -97,11 +103,12 @@ pub(crate) fn to_device(
     }
     DevStats::add(&dev.stats.pages_h2d, h2d.len() as u64);
     DevStats::add(&dev.stats.pages_zeroed, zero.len() as u64);
-    // Marked before the pages are handed out: from the commit on, eviction may pick them.
-    dev.set_flags_of(&frames, F_SYSMEM);
     for (&(i, _), &f) in moving.iter().zip(frames.iter()) {
         mig.place(i, f);
     }
+    // Marked once their pages are set up (and locked until the commit, so that an evictor
+    // skips them until then): from the commit on, eviction may pick them.
+    dev.set_flags_of(&frames, F_SYSMEM);
     // Pages the kernel then finds changed stay; their frames come back through the pagemap.
     let moved = mig.commit();
     DevStats::add(&dev.stats.sysmem_in, moved as u64);
@@ -112,8 +119,8 @@ pub(crate) fn to_device(
 /// clipped to the VMA there) of `space` back to host memory. Returns how many moved and
 /// how many pages the clipped range has (as [`to_device`]).
 pub(crate) fn to_host(dev: &Device, space: &Space, start: u64, npages: usize) -> Result<(usize, usize)> {
-    let Some(pm) = dev.dpriv.as_ref() else { return Ok((0, npages)) };
     let _placing = dev.placing().ok_or(ENODEV)?;
+    let Some(pm) = dev.dpriv() else { return Ok((0, npages)) };
     let mm = space.mm_user().ok_or(EFAULT)?;
     let r = pm.to_host(&mm, start, npages)?;
     dev.drain_released();
@@ -123,12 +130,13 @@ pub(crate) fn to_host(dev: &Device, space: &Space, start: u64, npages: usize) ->
 /// Moves the pages held by `frames` (frames of `dev` marked `F_SYSMEM`; others are skipped)
 /// back to host memory, in batches, and returns how many moved: their frames are free
 /// (back in the pool, whoever drained them: the device's worker may have been first).
-/// The caller holds `dev.evict_lock` (which keeps the pagemap's teardown away).
-pub(crate) fn evict(dev: &Device, frames: &[u64]) -> usize {
-    let Some(pm) = dev.dpriv.as_ref() else { return 0 };
+/// The caller holds `dev.evict_lock` (which keeps the pagemap's teardown away). `nofail`:
+/// for unregistration, host pages are allocated without failing.
+pub(crate) fn evict(dev: &Device, frames: &[u64], nofail: bool) -> usize {
+    let Some(pm) = dev.dpriv() else { return 0 };
     let mut moved = 0;
     for chunk in frames.chunks(BATCH) {
-        match pm.evict(chunk) {
+        match pm.evict(chunk, nofail) {
             Ok(n) => moved += n,
             Err(e) => pr_warn!("device {}: eviction of process memory failed ({:?})\n", dev.id, e),
         }
@@ -141,35 +149,34 @@ pub(crate) fn evict(dev: &Device, frames: &[u64]) -> usize {
 /// Unregistration: brings every page of process memory on `dev` back to the host (the
 /// driver still runs; nothing new lands: the device is dead and its placing sections are
 /// over), then tears the pagemap down. Pages that cannot move yet (busy) are retried.
+///
+/// A page whose copy back keeps failing keeps this waiting (its data exists only on the
+/// device, and the process may still use it): it warns every 10 seconds.
 pub(crate) fn evacuate(dev: &Device) {
-    let Some(pm) = dev.dpriv.as_ref() else { return };
+    let Some(pm) = dev.dpriv() else { return };
     let mut frames: KVec<u64> = KVec::new();
     for round in 0u32.. {
         dev.drain_released();
         if dev.frames_sysmem() == 0 {
             break;
         }
-        if round == 100 {
+        if round % 1000 == 999 {
             pr_warn!("device {}: {} pages of process memory will not move back yet\n", dev.id, dev.frames_sysmem());
         }
         frames.clear();
-        if dev.sysmem_frames(&mut frames).is_err() {
-            fsleep(Delta::from_millis(10));
-            continue;
-        }
-        {
+        if dev.sysmem_frames(&mut frames).is_ok() {
             let _one = dev.evict_lock.lock();
-            evict(dev, &frames);
+            evict(dev, &frames, true);
         }
         if round > 0 {
+            // Busy pages (locked by someone else): let that finish.
             fsleep(Delta::from_millis(10));
         }
     }
-    {
-        // Eviction reads the pagemap under this lock.
-        let _one = dev.evict_lock.lock();
-    }
-    // Every page is free now (or teardown waits until it is).
+    // Eviction uses the pagemap under this lock: none is in progress, none follows (no
+    // frame holds process memory, and nothing places more). Every page is free now, so
+    // the teardown does not wait.
+    let _one = dev.evict_lock.lock();
     pm.teardown();
     dev.drain_released();
 }

@@ -86,7 +86,7 @@ pub(crate) fn map_snapshot(
         let (host, frame, writable) = if let Some(p) = MirrorPage::of(&st, pfns[i]) {
             let writable = p.writable;
             (Some(p), 0, writable)
-        } else if let Some((f, writable)) = dev.dpriv.as_ref().and_then(|pm| pm.frame_of(pfns[i])) {
+        } else if let Some((f, writable)) = dev.dpriv().and_then(|pm| pm.frame_of(pfns[i])) {
             if req[i] == REQ_WRITE && !writable {
                 return Ok(Mapping::Unshare);
             }

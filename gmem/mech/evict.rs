@@ -352,7 +352,7 @@ pub(crate) fn make_room(dev: &Arc<Device>, want: usize, why: Why, within: Option
             }
         }
         if !sysmem.is_empty() {
-            freed += dpriv::evict(dev, &sysmem);
+            freed += dpriv::evict(dev, &sysmem, false);
         }
     }
     if why == Why::Background {

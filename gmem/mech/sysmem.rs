@@ -53,10 +53,12 @@ pub(crate) fn device_fault(dev: &Arc<Device>, space: &Space, addrs: &[u64], writ
         // PREFERRED_LOC of this device: the block's advised pages move into its memory
         // first (best effort: what cannot move, or finds no room, is mapped remotely),
         // unless they are all there already.
-        if let Some(pm) = dev.dpriv.as_ref() {
+        if dev.maps_sysmem() {
             let runs = fetch_runs(space, dev, base, block)?;
-            if !runs.is_empty() && !all_moved(pm, &notifier, base, &runs, &mut req, &mut pfns) && !bouncing(dev, space, base)
-            {
+            let moved = |req: &mut _, pfns: &mut _| {
+                dev.dpriv().is_some_and(|pm| all_moved(pm, &notifier, base, &runs, req, pfns))
+            };
+            if !runs.is_empty() && !moved(&mut req, &mut pfns) && !bouncing(dev, space, base) {
                 if buf.is_none() {
                     buf = Some(MigBuf::new()?);
                 }
@@ -87,7 +89,7 @@ pub(crate) fn device_fault(dev: &Arc<Device>, space: &Space, addrs: &[u64], writ
             if sched::fatal_signal_pending() {
                 return Err(EINTR);
             }
-            let snap = notifier.fault(dev.dpriv.as_ref(), base, &req, &mut pfns)?;
+            let snap = notifier.fault(dev.dpriv(), base, &req, &mut pfns)?;
             mirror::prepare(dev, ctx, base + snap.first as u64 * 4096, snap.count)?;
             if node.is_none() {
                 // Charged to the faulting process's memory cgroup, as its page tables are.
@@ -240,7 +242,7 @@ pub(crate) fn query(space: &Space, addr: u64, n: usize) -> Result<KVVec<u32>> {
                 at.push(if pfn_present(pfns[i]) { SysLoc::Host } else { SysLoc::None }, GFP_KERNEL)?;
             }
             for dev in holders.iter() {
-                let Some(pm) = dev.dpriv.as_ref() else { continue };
+                let Some(pm) = dev.dpriv() else { continue };
                 notifier.fault(Some(pm), base, &req, &mut dpfns).map_err(no_mapping_is_enoent)?;
                 for (i, loc) in (k..stop).zip(at.iter_mut()) {
                     if pm.frame_of(dpfns[i]).is_some() {
@@ -267,7 +269,7 @@ pub(crate) fn query(space: &Space, addr: u64, n: usize) -> Result<KVVec<u32>> {
 fn holders() -> Result<KVec<Arc<Device>>> {
     let mut out = KVec::new();
     for dev in devices::all() {
-        if dev.dpriv.is_some() && dev.frames_sysmem() > 0 {
+        if dev.dpriv().is_some() && dev.frames_sysmem() > 0 {
             out.push(dev, GFP_KERNEL)?;
         }
     }
@@ -318,10 +320,7 @@ pub(crate) fn prefetch(
     cancel: Option<&Arc<AtomicBool>>,
 ) -> Result {
     let mut addrs = KVec::with_capacity(BLOCK_PAGES, GFP_KERNEL)?;
-    let mut buf = match dev.dpriv {
-        Some(_) => Some(MigBuf::new()?),
-        None => None,
-    };
+    let mut buf = if dev.maps_sysmem() { Some(MigBuf::new()?) } else { None };
     by_block(start, end, cancel, |a, stop| {
         if let Some(buf) = buf.as_mut() {
             migrate_range(dev, space, buf, a, stop)?;
@@ -339,10 +338,14 @@ pub(crate) fn prefetch_host(space: &Space, start: u64, end: u64, cancel: Option<
         return Ok(());
     }
     by_block(start, end, cancel, |a, stop| {
-        for dev in holders.iter() {
+        // One that is unregistering gives its pages back itself.
+        for dev in holders.iter().filter(|d| d.alive()) {
             let mut p = a;
             while p < stop {
-                let (_, covered) = dpriv::to_host(dev, space, p, ((stop - p) / 4096) as usize)?;
+                let (_, covered) = match dpriv::to_host(dev, space, p, ((stop - p) / 4096) as usize) {
+                    Err(e) if e == ENODEV => break,
+                    r => r?,
+                };
                 p += core::cmp::max(covered, 1) as u64 * 4096;
             }
         }

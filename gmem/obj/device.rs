@@ -33,7 +33,7 @@ use kernel::{
     ffi::c_void,
     new_mutex, new_srcu,
     prelude::*,
-    sync::{srcu, Arc, Mutex, Srcu},
+    sync::{srcu, Arc, Mutex, SetOnce, Srcu},
     workqueue::{impl_has_work, new_work, Work},
 };
 
@@ -458,9 +458,10 @@ pub(crate) struct Device {
     high: AtomicU64,
     /// The device's region of the dmem cgroup controller.
     pub(crate) dmem: dmem::Region,
-    /// Its memory as device-private pages, for process memory migrated here (obj/dpriv.rs);
-    /// `None` for a driver that cannot map process memory (or if the kernel had no room).
-    pub(crate) dpriv: Option<Pagemap>,
+    /// Its memory as device-private pages, for process memory migrated here (obj/dpriv.rs):
+    /// created by the first migration to the device (its struct pages cost host memory,
+    /// about 1.6% of the device's), only for a driver that can map process memory.
+    dpriv: SetOnce<Pagemap>,
     /// Placing sections: a migration of process memory to the device runs inside one, begun
     /// only while the device is alive ([`Device::placing`]); unregistration waits for them
     /// after it marks the device dead, so that nothing lands on it after its evacuation.
@@ -505,13 +506,7 @@ impl Device {
         for _ in 0..FrameMap::words_for(nr_frames) {
             rel.push(AtomicU64::new(0), GFP_KERNEL)?;
         }
-        // Without it the device still works; process memory then stays on the host.
-        let dpriv = if drv.ops().map_prepare.is_some() {
-            Pagemap::new(nr_frames).inspect_err(|e| pr_warn!("device {}: no device-private pages ({:?})\n", id, e)).ok()
-        } else {
-            None
-        };
-        let dev = Arc::pin_init(
+        Arc::pin_init(
             try_pin_init!(Device {
                 id,
                 nr_frames,
@@ -543,7 +538,7 @@ impl Device {
                 low: AtomicU64::new(low),
                 high: AtomicU64::new(high),
                 dmem: region,
-                dpriv,
+                dpriv: SetOnce::new(),
                 placing <- new_srcu!("gmem_device_placing"),
                 released: rel,
                 released_n: AtomicU64::new(0),
@@ -551,13 +546,33 @@ impl Device {
                 work <- new_work!("gmem_device_preevict"),
             }),
             GFP_KERNEL,
-        )?;
-        if let Some(pm) = &dev.dpriv {
-            // SAFETY: no page is out yet; the registration's reference keeps the device alive
-            // until unregistration tore the pagemap down (`gmem_dev_unregister`).
-            unsafe { pm.bind(Arc::as_ptr(&dev).cast()) };
+        )
+    }
+
+    /// Its device-private pagemap, if a migration created it.
+    pub(crate) fn dpriv(&self) -> Option<&Pagemap> {
+        self.dpriv.as_ref()
+    }
+
+    /// Its device-private pagemap, created on first use (`ENODEV` for a driver that cannot
+    /// map process memory). Call inside a placing section ([`Device::placing`]):
+    /// unregistration tears the pagemap down after the last one, and none creates it later.
+    /// May sleep.
+    pub(crate) fn dpriv_or_create(self: &Arc<Self>) -> Result<&Pagemap> {
+        if let Some(pm) = self.dpriv.as_ref() {
+            return Ok(pm);
         }
-        Ok(dev)
+        if !self.maps_sysmem() {
+            return Err(ENODEV);
+        }
+        let pm = Pagemap::new(self.nr_frames)?;
+        // SAFETY: no page of the new pagemap is out yet; the registration's reference keeps
+        // the device alive until unregistration tore the pagemap down (`gmem_dev_unregister`),
+        // which happens after every placing section.
+        unsafe { pm.bind(Arc::as_ptr(self).cast()) };
+        // A racing creator may have won: this one is then dropped (it has no page out).
+        self.dpriv.populate(pm);
+        self.dpriv.as_ref().ok_or(ENOMEM)
     }
 
     /// A placing section (see [`Device::placing`]'s field), if the device is alive.

@@ -31,7 +31,7 @@ extern "C" {
     fn gmem_dpriv_new(nframes: c_ulong, base_pfn: *mut c_ulong) -> *mut c_void;
     fn gmem_dpriv_bind(d: *mut c_void, owner: *const c_void);
     fn gmem_dpriv_free(d: *mut c_void);
-    fn gmem_dpriv_evict(d: *mut c_void, frames: *const u64, n: c_ulong) -> c_long;
+    fn gmem_dpriv_evict(d: *mut c_void, frames: *const u64, n: c_ulong, nofail: bool) -> c_long;
     fn gmem_dpriv_to_host(
         d: *mut c_void,
         mm: *mut c_void,
@@ -126,12 +126,13 @@ impl Pagemap {
     }
 
     /// Moves the pages held by `frames` (at most [`BATCH`]) back to host memory wherever
-    /// they are mapped; frames holding none are skipped. Returns how many moved. The frames
-    /// go free through the pagemap afterwards (`Device::drain_released`).
-    pub(crate) fn evict(&self, frames: &[u64]) -> Result<usize> {
+    /// they are mapped; frames holding none are skipped. `nofail`: host pages are allocated
+    /// without failing (unregistration). Returns how many moved. The frames go free through
+    /// the pagemap afterwards (`Device::drain_released`).
+    pub(crate) fn evict(&self, frames: &[u64], nofail: bool) -> Result<usize> {
         let p = self.raw().ok_or(ENODEV)?;
         // SAFETY: live (the caller keeps teardown away); `frames` is valid for its length.
-        let r = unsafe { gmem_dpriv_evict(p.as_ptr(), frames.as_ptr(), frames.len() as c_ulong) };
+        let r = unsafe { gmem_dpriv_evict(p.as_ptr(), frames.as_ptr(), frames.len() as c_ulong, nofail) };
         kernel::error::to_result(i32::try_from(r.min(0)).unwrap_or(-(bindings::EINVAL as i32)))?;
         Ok(r as usize)
     }
@@ -175,17 +176,19 @@ impl MigBuf {
     }
 
     /// Collects the pages of `npages` pages from `start` (at most [`BATCH`]; clipped to the
-    /// VMA of `start`: [`Migration::count`] pages) that can move to `pm`'s device: anonymous private memory,
-    /// including pages never touched. They stay locked and unmapped, under the mmap read
-    /// lock, until the returned [`Migration`] is committed (or dropped, which commits).
+    /// VMA of `start`: [`Migration::count`] pages) that can move to `pm`'s device: anonymous
+    /// private memory, including pages never touched. They stay locked and unmapped, under
+    /// the mmap read lock, until the returned [`Migration`] is committed (or dropped, which
+    /// commits). [`Collected::Unmovable`] for a mapping none of whose pages can move
+    /// (hugetlb, DAX, special or shared mappings), with the pages of the clipped range.
     /// `EFAULT` if no mapping gmem mirrors is at `start`.
     pub(crate) fn collect<'a>(
         &'a mut self,
         pm: &'a Pagemap,
-        mm: &Mm,
+        mm: &'a Mm,
         start: u64,
         npages: usize,
-    ) -> Result<Migration<'a>> {
+    ) -> Result<Collected<'a>> {
         let d = pm.raw().ok_or(ENODEV)?;
         let start = c_ulong::try_from(start).map_err(|_| EFAULT)?;
         let mut count: c_ulong = 0;
@@ -195,8 +198,12 @@ impl MigBuf {
             gmem_dpriv_collect(self.ptr.as_ptr(), d.as_ptr(), mm.as_raw().cast(), start, npages as c_ulong, &mut count)
         };
         kernel::error::to_result(r)?;
+        let count = core::cmp::min(count as usize, BATCH);
+        if r == 1 {
+            return Ok(Collected::Unmovable(count));
+        }
         // INVARIANT: collected; the C side holds the lock until commit.
-        Ok(Migration { buf: self, pm, count: core::cmp::min(count as usize, BATCH), done: false })
+        Ok(Collected::Migration(Migration { buf: self, pm, _mm: mm, count, done: false }))
     }
 }
 
@@ -207,15 +214,24 @@ impl Drop for MigBuf {
     }
 }
 
+/// What [`MigBuf::collect`] found.
+pub(crate) enum Collected<'a> {
+    /// Pages to move (some may stay), locked.
+    Migration(Migration<'a>),
+    /// A mapping none of whose pages can move; this many pages of it lie in the range.
+    Unmovable(usize),
+}
+
 /// A collected migration to a device: the mmap read lock of the process and the collected
 /// pages' locks are held until [`Migration::commit`] (or drop).
 ///
 /// # Invariants
-/// `buf` holds a successful `gmem_dpriv_collect` of `count` pages not yet committed (unless
-/// `done`).
+/// `buf` holds a successful `gmem_dpriv_collect` of `count` pages of the mm `_mm` (which
+/// the borrow keeps alive until the commit unlocks it) not yet committed (unless `done`).
 pub(crate) struct Migration<'a> {
     buf: &'a mut MigBuf,
     pm: &'a Pagemap,
+    _mm: &'a Mm,
     pub(crate) count: usize,
     done: bool,
 }

@@ -141,6 +141,8 @@ fn dpriv_fork_after_migration() -> TestResult {
     let w = m.words();
     w.iter_mut().enumerate().for_each(|(i, x)| *x = pattern(7, i));
     ok!(g.advise(m.addr, m.len as u64, GMEM_ADV_PREFETCH, d as i32, 0));
+    let q = ok!(g.query(m.addr, 16));
+    ensure!(q.iter().all(|&x| x == GMEM_LOC_DEVICE | (d << 8)), "not on the device before fork: {q:x?}");
     let code = child_exit(|| {
         let w = m.words();
         if !w.iter().enumerate().all(|(i, &x)| x == pattern(7, i)) {
@@ -269,6 +271,71 @@ fn bounce() -> TestResult {
     wait_frames(d, frames0)
 }
 
+/// Memory no page of which can move stays on the host, mapped remotely, and PREFETCH of it
+/// succeeds: shared anonymous memory (shmem) and a private file mapping not yet written
+/// (its pages are the file's). Nothing goes through the copy engine.
+fn dpriv_unmovable_memory_stays_and_maps() -> TestResult {
+    use std::io::Write;
+    let (g, s) = open()?;
+    let d = gmem_id(&s)?;
+    let in0 = sysmem(d, "in")?;
+    // SAFETY: a fresh shared anonymous mapping, unmapped below.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            16 * PAGE,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    ensure!(p != libc::MAP_FAILED, "mmap shared: {}", std::io::Error::last_os_error());
+    // SAFETY: mapped for 16 pages until the munmap below.
+    let w = unsafe { std::slice::from_raw_parts_mut(p.cast::<u32>(), 16 * PAGE / 4) };
+    w.iter_mut().enumerate().for_each(|(i, x)| *x = pattern(3, i));
+    let copies0 = ok!(s.info()).copies;
+    let r = (|| -> TestResult {
+        ok!(g.advise(p as u64, 16 * PAGE as u64, GMEM_ADV_PREFETCH, d as i32, 0));
+        ensure!(ok!(s.checksum(p as u64, 16 * PAGE as u64)).result == checksum(w), "shared memory checksum");
+        Ok(())
+    })();
+    // SAFETY: our mapping.
+    unsafe { libc::munmap(p, 16 * PAGE) };
+    r?;
+    let path = "/tmp/gmem_dpriv_file";
+    let mut f = std::fs::File::create(path).map_err(|e| e.to_string())?;
+    let data: Vec<u8> = (0..16 * PAGE).map(|i| (i % 251) as u8).collect();
+    f.write_all(&data).map_err(|e| e.to_string())?;
+    let f = std::fs::File::open(path).map_err(|e| e.to_string())?;
+    // SAFETY: a private read-only mapping of our file, unmapped below.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            16 * PAGE,
+            libc::PROT_READ,
+            libc::MAP_PRIVATE,
+            std::os::fd::AsRawFd::as_raw_fd(&f),
+            0,
+        )
+    };
+    let _ = std::fs::remove_file(path);
+    ensure!(p != libc::MAP_FAILED, "mmap file: {}", std::io::Error::last_os_error());
+    let r = (|| -> TestResult {
+        ok!(g.advise(p as u64, 16 * PAGE as u64, GMEM_ADV_PREFETCH, d as i32, 0));
+        // SAFETY: mapped for 16 pages until the munmap below.
+        let words = unsafe { std::slice::from_raw_parts(p.cast::<u32>(), 16 * PAGE / 4) };
+        ensure!(ok!(s.checksum(p as u64, 16 * PAGE as u64)).result == checksum(words), "file checksum");
+        Ok(())
+    })();
+    // SAFETY: our mapping.
+    unsafe { libc::munmap(p, 16 * PAGE) };
+    r?;
+    ensure!(sysmem(d, "in")? == in0, "{} pages of unmovable memory moved", sysmem(d, "in")? - in0);
+    ensure!(ok!(s.info()).copies == copies0, "unmovable memory went through the copy engine");
+    Ok(())
+}
+
 pub fn tests() -> Vec<Test> {
     vec![
         Test { name: "dpriv_buffer_migrated_and_read_back", f: dpriv_buffer_migrated_and_read_back },
@@ -278,5 +345,6 @@ pub fn tests() -> Vec<Test> {
         Test { name: "dpriv_eviction_shares_the_pool", f: dpriv_eviction_shares_the_pool },
         Test { name: "dpriv_preferred_location_migrates_on_fault", f: dpriv_preferred_location_migrates_on_fault },
         Test { name: "dpriv_bouncing_block_stays_on_the_host", f: dpriv_bouncing_block_stays_on_the_host },
+        Test { name: "dpriv_unmovable_memory_stays_and_maps", f: dpriv_unmovable_memory_stays_and_maps },
     ]
 }
