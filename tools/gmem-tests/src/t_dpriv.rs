@@ -234,12 +234,7 @@ fn dpriv_preferred_location_migrates_on_fault() -> TestResult {
 /// seen as thrashing (the regions' policy, keyed by the block) and the block stays on the
 /// host, mapped remotely, with every write kept.
 fn dpriv_bouncing_block_stays_on_the_host() -> TestResult {
-    use crate::t_overcommit::control;
-    // Bounces are slow under emulation: judge the mechanism with a 1 s window.
-    control("thrash_window_us=1000000")?;
-    let r = bounce();
-    control("thrash_window_us=500")?;
-    r
+    crate::t_overcommit::with_slow_thrash_window(bounce)
 }
 
 fn bounce() -> TestResult {

@@ -277,10 +277,15 @@ fn eviction_races_free_munmap_and_exit() -> TestResult {
 /// CPU and device take turns writing one page: the page bounces, thrashing detection
 /// throttles it and then keeps it on the host with a remote device mapping.
 fn ping_pong_page_is_detected_and_pinned_remote() -> TestResult {
-    // Bounces are slow under emulation (and slower on the debug kernel): judge the
-    // mechanism with a 1 s window instead of UVM's 500 us, whatever the guest's speed.
+    with_slow_thrash_window(ping_pong)
+}
+
+/// Runs `f` with a thrashing window of 1 s instead of UVM's 500 us: bounces are slow under
+/// emulation (and slower on the debug kernel), and the mechanism is judged whatever the
+/// guest's speed.
+pub fn with_slow_thrash_window(f: fn() -> TestResult) -> TestResult {
     control("thrash_window_us=1000000")?;
-    let r = ping_pong();
+    let r = f();
     control("thrash_window_us=500")?;
     r
 }
