@@ -280,3 +280,17 @@ void gmem_mirror_dirty(struct page *page)
 {
 	folio_mark_dirty(page_folio(page));
 }
+
+bool gmem_mirror_page_file(unsigned long hmm_pfn);
+/*
+ * Whether an HMM pfn names a host page that is not anonymous (a page-cache or shmem page:
+ * one that can never move to a device). Reads the page's flags without holding it: a hint
+ * for policy only (struct pages of host memory are never freed, so the read is safe).
+ */
+bool gmem_mirror_page_file(unsigned long hmm_pfn)
+{
+	bool writable;
+	struct page *p = gmem_mirror_page(hmm_pfn, &writable);
+
+	return p && !folio_test_anon(page_folio(p));
+}

@@ -48,7 +48,7 @@ pub(crate) fn to_device(
     }
     // Inside it, the pagemap stays and unregistration's evacuation waits for this.
     let _placing = dev.placing().ok_or(ENODEV)?;
-    let pm = dev.dpriv_or_create()?;
+    let Some(pm) = dev.dpriv_or_create() else { return Ok((0, npages)) };
     let ops = dev.ops().ok_or(ENODEV)?;
     let mm = space.mm_user().ok_or(EFAULT)?;
     dev.drain_released();

@@ -14,7 +14,7 @@ use crate::mech::evict::{self, Why};
 use crate::obj::device::{DevStats, Device};
 use crate::obj::devices;
 use crate::obj::dpriv::{MigBuf, Pagemap};
-use crate::obj::mirror::{pfn_present, Mapped, Notifier, BLOCK_PAGES, REQ_LOOK, REQ_READ, REQ_WRITE};
+use crate::obj::mirror::{pfn_file_page, pfn_present, Mapped, Notifier, BLOCK_PAGES, REQ_LOOK, REQ_READ, REQ_WRITE};
 use crate::obj::region::{adv, block_base, BLOCK_BYTES};
 use crate::obj::space::Space;
 use crate::obj::{sched, trace, tune};
@@ -56,7 +56,7 @@ pub(crate) fn device_fault(dev: &Arc<Device>, space: &Space, addrs: &[u64], writ
         if dev.maps_sysmem() {
             let runs = fetch_runs(space, dev, base, block)?;
             let moved = |req: &mut _, pfns: &mut _| {
-                dev.dpriv().is_some_and(|pm| all_moved(pm, &notifier, base, &runs, req, pfns))
+                dev.dpriv().is_some_and(|pm| all_moved(pm, &notifier, base, block, &runs, req, pfns))
             };
             if !runs.is_empty() && !moved(&mut req, &mut pfns) && !bouncing(dev, space, base) {
                 if buf.is_none() {
@@ -66,7 +66,7 @@ pub(crate) fn device_fault(dev: &Arc<Device>, space: &Space, addrs: &[u64], writ
                     for &(lo, hi) in runs.iter() {
                         // Errors leave the pages on the host, where the mapping below finds
                         // them (and reports what really is wrong with the range).
-                        let _ = migrate_range(dev, space, b, lo, hi);
+                        let _ = migrate_range(dev, space, b, lo, hi, true);
                     }
                 }
             }
@@ -133,24 +133,36 @@ fn fetch_runs(space: &Space, dev: &Device, base: u64, block: &[u64]) -> Result<K
     Ok(runs)
 }
 
-/// Whether every page of `runs` (byte runs of block `base`) in the VMA of the first one is
-/// on `pm`'s device already (a look at the page tables: nothing is faulted in). Uses `req`
-/// and `pfns` as scratch. A walk that fails says no: the fault reports the error.
+/// Whether every page the fault asks for (`block`, addresses of block `base`) that lies in
+/// `runs` is on `pm`'s device already, or is a page that never moves (page cache, shmem): a
+/// look at the page tables, VMA by VMA, faulting nothing in. Then migrating would move
+/// nothing and only invalidate the block (which unmaps the device's entries of it too).
+/// Uses `req` and `pfns` as scratch. A walk that fails says no.
 fn all_moved(
     pm: &Pagemap,
     notifier: &Notifier,
     base: u64,
+    block: &[u64],
     runs: &[(u64, u64)],
     req: &mut [u8; BLOCK_PAGES],
     pfns: &mut [c_ulong; BLOCK_PAGES],
 ) -> bool {
-    let page = |a: u64| ((a - base) / 4096) as usize;
     req.fill(0);
-    for &(lo, hi) in runs {
-        req[page(lo)..page(hi)].fill(REQ_LOOK);
+    for &a in block.iter().filter(|&&a| runs.iter().any(|&(lo, hi)| lo <= a && a < hi)) {
+        if let Some(r) = req.get_mut(((a - base) / 4096) as usize) {
+            *r = REQ_LOOK;
+        }
     }
-    let Ok(snap) = notifier.fault(Some(pm), base, req, pfns) else { return false };
-    (snap.first..snap.first + snap.count).all(|k| req[k] == 0 || pm.frame_of(pfns[k]).is_some())
+    while req.iter().any(|&r| r != 0) {
+        let Ok(snap) = notifier.fault(Some(pm), base, req, pfns) else { return false };
+        let walked = snap.first..snap.first + snap.count;
+        if !walked.clone().all(|k| req[k] == 0 || pm.frame_of(pfns[k]).is_some() || pfn_file_page(pfns[k])) {
+            return false;
+        }
+        // The walk covers the first page asked for (its VMA's clip): each round progresses.
+        req[walked].fill(0);
+    }
+    true
 }
 
 /// Whether the block at `base` keeps bouncing between `dev` and the CPU (moved to the
@@ -181,15 +193,19 @@ fn bouncing(dev: &Device, space: &Space, base: u64) -> bool {
 }
 
 /// Moves what can move of `[a, stop)` (page aligned, within one 2 MiB block) into `dev`'s
-/// memory, VMA by VMA, after making room by eviction if its pool is short.
-fn migrate_range(dev: &Arc<Device>, space: &Space, buf: &mut MigBuf, a: u64, stop: u64) -> Result {
+/// memory, VMA by VMA, after making room by eviction if its pool is short. `holes`: step
+/// over pages in no mapping (a fault's advised run may cross one) instead of failing.
+fn migrate_range(dev: &Arc<Device>, space: &Space, buf: &mut MigBuf, a: u64, stop: u64, holes: bool) -> Result {
     let mut p = a;
     while p < stop {
         let n = ((stop - p) / 4096) as usize;
         if dev.frames_free_hint() < n as u64 {
             evict::make_room(dev, n, Why::Advice, None);
         }
-        let (_, covered) = dpriv::to_device(dev, space, buf, p, n)?;
+        let (_, covered) = match dpriv::to_device(dev, space, buf, p, n) {
+            Err(e) if holes && e == EFAULT => (0, 1),
+            r => r?,
+        };
         // At least one page (the VMA of `p` contains it).
         p += core::cmp::max(covered, 1) as u64 * 4096;
     }
@@ -323,7 +339,7 @@ pub(crate) fn prefetch(
     let mut buf = if dev.maps_sysmem() { Some(MigBuf::new()?) } else { None };
     by_block(start, end, cancel, |a, stop| {
         if let Some(buf) = buf.as_mut() {
-            migrate_range(dev, space, buf, a, stop)?;
+            migrate_range(dev, space, buf, a, stop, false)?;
         }
         page_addrs(a, stop, &mut addrs)?;
         device_fault(dev, space, &addrs, false)

@@ -462,6 +462,10 @@ pub(crate) struct Device {
     /// created by the first migration to the device (its struct pages cost host memory,
     /// about 1.6% of the device's), only for a driver that can map process memory.
     dpriv: SetOnce<Pagemap>,
+    /// Serialises the pagemap's creation; true once it failed (then process memory stays on
+    /// the host, mapped remotely).
+    #[pin]
+    dpriv_failed: Mutex<bool>,
     /// Placing sections: a migration of process memory to the device runs inside one, begun
     /// only while the device is alive ([`Device::placing`]); unregistration waits for them
     /// after it marks the device dead, so that nothing lands on it after its evacuation.
@@ -539,6 +543,7 @@ impl Device {
                 high: AtomicU64::new(high),
                 dmem: region,
                 dpriv: SetOnce::new(),
+                dpriv_failed <- new_mutex!(false, "gmem_device_dpriv"),
                 placing <- new_srcu!("gmem_device_placing"),
                 released: rel,
                 released_n: AtomicU64::new(0),
@@ -554,25 +559,37 @@ impl Device {
         self.dpriv.as_ref()
     }
 
-    /// Its device-private pagemap, created on first use (`ENODEV` for a driver that cannot
-    /// map process memory). Call inside a placing section ([`Device::placing`]):
-    /// unregistration tears the pagemap down after the last one, and none creates it later.
-    /// May sleep.
-    pub(crate) fn dpriv_or_create(self: &Arc<Self>) -> Result<&Pagemap> {
+    /// Its device-private pagemap, created on first use; `None` for a driver that cannot map
+    /// process memory, or once creating it failed (warned once). Call inside a placing
+    /// section ([`Device::placing`]): unregistration tears the pagemap down after the last
+    /// one, and none creates it later. May sleep.
+    pub(crate) fn dpriv_or_create(self: &Arc<Self>) -> Option<&Pagemap> {
         if let Some(pm) = self.dpriv.as_ref() {
-            return Ok(pm);
+            return Some(pm);
         }
         if !self.maps_sysmem() {
-            return Err(ENODEV);
+            return None;
         }
-        let pm = Pagemap::new(self.nr_frames)?;
-        // SAFETY: no page of the new pagemap is out yet; the registration's reference keeps
-        // the device alive until unregistration tore the pagemap down (`gmem_dev_unregister`),
-        // which happens after every placing section.
-        unsafe { pm.bind(Arc::as_ptr(self).cast()) };
-        // A racing creator may have won: this one is then dropped (it has no page out).
-        self.dpriv.populate(pm);
-        self.dpriv.as_ref().ok_or(ENOMEM)
+        let mut failed = self.dpriv_failed.lock();
+        // Created by the holder before us, or failed for good.
+        if *failed || self.dpriv.as_ref().is_some() {
+            return self.dpriv.as_ref();
+        }
+        match Pagemap::new(self.nr_frames) {
+            Ok(pm) => {
+                // SAFETY: no page of the new pagemap is out yet; the registration's reference
+                // keeps the device alive until unregistration tore the pagemap down
+                // (`gmem_dev_unregister`), which happens after every placing section.
+                unsafe { pm.bind(Arc::as_ptr(self).cast()) };
+                // The only creator (under the lock): it is stored.
+                self.dpriv.populate(pm);
+            }
+            Err(e) => {
+                pr_warn!("device {}: no device-private pages ({:?}): process memory stays on the host\n", self.id, e);
+                *failed = true;
+            }
+        }
+        self.dpriv.as_ref()
     }
 
     /// A placing section (see [`Device::placing`]'s field), if the device is alive.

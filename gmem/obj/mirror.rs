@@ -69,6 +69,7 @@ extern "C" {
     ) -> c_int;
     fn gmem_mirror_page(hmm_pfn: c_ulong, writable: *mut bool) -> *mut c_void;
     fn gmem_mirror_dirty(page: *mut c_void);
+    fn gmem_mirror_page_file(hmm_pfn: c_ulong) -> bool;
 }
 
 /// What a mirror fault asks for one page of a block (`gmem_mirror_fault`'s `req`; 0:
@@ -250,6 +251,15 @@ pub(crate) fn pfn_present(pfn: c_ulong) -> bool {
     let mut writable = false;
     // SAFETY: decodes bits and computes a pointer, which is not dereferenced here.
     !unsafe { gmem_mirror_page(pfn, &mut writable) }.is_null()
+}
+
+/// Whether HMM pfn `pfn` of a snapshot names a host page that is not anonymous (page
+/// cache, shmem): one that never moves to a device. A hint for policy (read without a
+/// current sequence).
+pub(crate) fn pfn_file_page(pfn: c_ulong) -> bool {
+    // SAFETY: decodes bits and reads the flags of a host page's folio; struct pages of host
+    // memory are never freed, so the read is safe even if the page changed meanwhile.
+    unsafe { gmem_mirror_page_file(pfn) }
 }
 
 /// Pages of one 2 MiB block, a bit each (bit `k` of word `k / 64`: page `k`).
