@@ -160,6 +160,54 @@ fn dpriv_fork_after_migration() -> TestResult {
     Ok(())
 }
 
+/// fork after migration, then the *device* writes in the parent while the child still
+/// shares the pages: the parent's device-private entries are read-only (COW), so the write
+/// brings the block back (for both processes) and breaks COW as a CPU write would. The
+/// child keeps the old data, the parent sees the device's.
+fn dpriv_device_write_after_fork_breaks_cow() -> TestResult {
+    let (g, s, d, frames0, m) = setup(16)?;
+    let w = m.words();
+    w.iter_mut().enumerate().for_each(|(i, x)| *x = pattern(9, i));
+    ok!(g.advise(m.addr, m.len as u64, GMEM_ADV_PREFETCH, d as i32, 0));
+    let mut fds = [0i32; 2];
+    // SAFETY: a pipe into our own array.
+    ensure!(unsafe { libc::pipe(fds.as_mut_ptr()) } == 0, "pipe");
+    // SAFETY: the child only reads the pipe and its memory, then exits.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let mut b = [0u8; 1];
+        // SAFETY: our pipe and buffer.
+        let got = unsafe { libc::read(fds[0], b.as_mut_ptr().cast(), 1) };
+        let ok = got == 1 && m.words().iter().enumerate().all(|(i, &x)| x == pattern(9, i));
+        // SAFETY: leaving the forked child.
+        unsafe { libc::_exit(if ok { 0 } else { 30 }) };
+    }
+    ensure!(pid > 0, "fork failed");
+    let res = (|| -> TestResult {
+        let q = ok!(g.query(m.addr, 16));
+        ensure!(q.iter().all(|&x| x == GMEM_LOC_DEVICE | (d << 8)), "not on the device after fork: {q:x?}");
+        let out0 = sysmem(d, "out")?;
+        ok!(s.fill(m.addr, m.len as u64, 0x4400));
+        // The device's write brought the shared pages back (it could not write them there).
+        ensure!(sysmem(d, "out")? >= out0 + 16, "{} pages came back for the write", sysmem(d, "out")? - out0);
+        ensure!(w.iter().enumerate().all(|(i, &x)| x == 0x4400 + i as u32), "the parent misses the device's fill");
+        Ok(())
+    })();
+    // SAFETY: our pipe; the child waits for this byte.
+    unsafe {
+        libc::write(fds[1], [1u8].as_ptr().cast(), 1);
+        libc::close(fds[0]);
+        libc::close(fds[1]);
+    }
+    let mut status = 0;
+    // SAFETY: our child.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    res?;
+    ensure!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "the child saw the parent's device write");
+    drop(m);
+    wait_frames(d, frames0)
+}
+
 /// More process memory than the device holds: migration makes room by evicting earlier
 /// migrated pages (the pool's one eviction), and every page reads back intact.
 fn dpriv_eviction_shares_the_pool() -> TestResult {
@@ -340,6 +388,7 @@ pub fn tests() -> Vec<Test> {
         Test { name: "dpriv_untouched_memory_moves_as_zeros", f: dpriv_untouched_memory_moves_as_zeros },
         Test { name: "dpriv_process_exits_with_buffer_on_device", f: dpriv_process_exits_with_buffer_on_device },
         Test { name: "dpriv_fork_after_migration", f: dpriv_fork_after_migration },
+        Test { name: "dpriv_device_write_after_fork_breaks_cow", f: dpriv_device_write_after_fork_breaks_cow },
         Test { name: "dpriv_eviction_shares_the_pool", f: dpriv_eviction_shares_the_pool },
         Test { name: "dpriv_preferred_location_migrates_on_fault", f: dpriv_preferred_location_migrates_on_fault },
         Test { name: "dpriv_bouncing_block_stays_on_the_host", f: dpriv_bouncing_block_stays_on_the_host },
