@@ -77,6 +77,40 @@ static bool gmem_dpriv_unmovable(struct vm_area_struct *vma)
 	return is_vm_hugetlb_page(vma) || (vma->vm_flags & (VM_SPECIAL | VM_SHARED)) || vma_is_dax(vma);
 }
 
+/* How many pages of a migration moved: selected, given a destination, not refused. */
+static long gmem_dpriv_moved(const unsigned long *src, const unsigned long *dst, unsigned long n)
+{
+	unsigned long i;
+	long moved = 0;
+
+	for (i = 0; i < n; i++)
+		moved += dst[i] && (src[i] & MIGRATE_PFN_MIGRATE);
+	return moved;
+}
+
+/*
+ * Takes the mmap read lock of @mm and returns the VMA of @start if gmem mirrors it, with
+ * *@end the end of [@start, @start + @npages pages) clipped to it; else an ERR_PTR (-EFAULT:
+ * no such VMA) with the lock released. The caller holds a user reference on @mm.
+ */
+static struct vm_area_struct *gmem_dpriv_vma(struct mm_struct *mm, unsigned long start, unsigned long npages,
+					     unsigned long *end)
+{
+	struct vm_area_struct *vma;
+	int ret = mmap_read_lock_killable(mm);
+
+	if (ret)
+		return ERR_PTR(ret);
+	vma = vma_lookup(mm, start);
+	ret = vma ? gmem_mirror_vma_ok(vma, false) : -EFAULT;
+	if (ret) {
+		mmap_read_unlock(mm);
+		return ERR_PTR(ret);
+	}
+	*end = min(start + (npages << PAGE_SHIFT), vma->vm_end);
+	return vma;
+}
+
 /*
  * Fills @b->dst[0..@n) for the device pages @b->src selects: a new locked host page each
  * (placed for @vma at @start + i pages if @vma is given; allocated with __GFP_NOFAIL if
@@ -238,7 +272,7 @@ long gmem_dpriv_evict(struct gmem_dpriv *d, const u64 *frames, unsigned long n, 
 {
 	struct gmem_dpriv_back *b;
 	unsigned long i;
-	long moved = 0;
+	long moved;
 
 	if (n > GMEM_DPRIV_BATCH)
 		return -EINVAL;
@@ -255,8 +289,7 @@ long gmem_dpriv_evict(struct gmem_dpriv *d, const u64 *frames, unsigned long n, 
 	migrate_device_pfns(b->src, n);
 	gmem_dpriv_fill_back(d, b, n, NULL, 0, nofail);
 	migrate_device_pages(b->src, b->dst, n);
-	for (i = 0; i < n; i++)
-		moved += b->dst[i] && (b->src[i] & MIGRATE_PFN_MIGRATE);
+	moved = gmem_dpriv_moved(b->src, b->dst, n);
 	migrate_device_finalize(b->src, b->dst, n);
 	kvfree(b);
 	return moved;
@@ -276,7 +309,6 @@ long gmem_dpriv_to_host(struct gmem_dpriv *d, struct mm_struct *mm, unsigned lon
 	struct migrate_vma args = { .pgmap_owner = d, .flags = MIGRATE_VMA_SELECT_DEVICE_PRIVATE };
 	struct gmem_dpriv_back *b;
 	struct vm_area_struct *vma;
-	unsigned long i;
 	long moved = 0;
 	int ret;
 
@@ -285,19 +317,13 @@ long gmem_dpriv_to_host(struct gmem_dpriv *d, struct mm_struct *mm, unsigned lon
 	b = kvmalloc(sizeof(*b), GFP_KERNEL);
 	if (!b)
 		return -ENOMEM;
-	ret = mmap_read_lock_killable(mm);
-	if (ret) {
+	vma = gmem_dpriv_vma(mm, start, npages, &args.end);
+	if (IS_ERR(vma)) {
 		kvfree(b);
-		return ret;
-	}
-	vma = vma_lookup(mm, start);
-	if (!vma || gmem_mirror_vma_ok(vma, false)) {
-		moved = -EFAULT;
-		goto out;
+		return PTR_ERR(vma);
 	}
 	args.vma = vma;
 	args.start = start;
-	args.end = min(start + (npages << PAGE_SHIFT), vma->vm_end);
 	args.src = b->src;
 	args.dst = b->dst;
 	*count = (args.end - args.start) >> PAGE_SHIFT;
@@ -311,8 +337,7 @@ long gmem_dpriv_to_host(struct gmem_dpriv *d, struct mm_struct *mm, unsigned lon
 	}
 	gmem_dpriv_fill_back(d, b, args.npages, vma, args.start, false);
 	migrate_vma_pages(&args);
-	for (i = 0; i < args.npages; i++)
-		moved += b->dst[i] && (b->src[i] & MIGRATE_PFN_MIGRATE);
+	moved = gmem_dpriv_moved(b->src, b->dst, args.npages);
 	migrate_vma_finalize(&args);
 out:
 	mmap_read_unlock(mm);
@@ -357,26 +382,23 @@ int gmem_dpriv_collect(struct gmem_dpriv_mig *m, struct gmem_dpriv *d, struct mm
 		       unsigned long npages, unsigned long *count)
 {
 	struct vm_area_struct *vma;
+	unsigned long end;
 	int ret;
 
 	if (!npages || npages > GMEM_DPRIV_BATCH || !PAGE_ALIGNED(start))
 		return -EINVAL;
-	ret = mmap_read_lock_killable(mm);
-	if (ret)
-		return ret;
-	vma = vma_lookup(mm, start);
-	ret = vma ? gmem_mirror_vma_ok(vma, false) : -EFAULT;
-	if (ret)
-		goto fail;
+	vma = gmem_dpriv_vma(mm, start, npages, &end);
+	if (IS_ERR(vma))
+		return PTR_ERR(vma);
+	*count = (end - start) >> PAGE_SHIFT;
 	if (gmem_dpriv_unmovable(vma)) {
-		*count = (min(start + (npages << PAGE_SHIFT), vma->vm_end) - start) >> PAGE_SHIFT;
 		ret = 1;
 		goto fail;
 	}
 	memset(&m->args, 0, sizeof(m->args));
 	m->args.vma = vma;
 	m->args.start = start;
-	m->args.end = min(start + (npages << PAGE_SHIFT), vma->vm_end);
+	m->args.end = end;
 	m->args.src = m->src;
 	m->args.dst = m->dst;
 	m->args.pgmap_owner = d;
@@ -387,7 +409,6 @@ int gmem_dpriv_collect(struct gmem_dpriv_mig *m, struct gmem_dpriv *d, struct mm
 	memset(m->dst, 0, sizeof(m->dst));
 	m->d = d;
 	m->mm = mm;
-	*count = (m->args.end - m->args.start) >> PAGE_SHIFT;
 	return 0;
 fail:
 	mmap_read_unlock(mm);
@@ -437,12 +458,10 @@ long gmem_dpriv_commit(struct gmem_dpriv_mig *m);
  */
 long gmem_dpriv_commit(struct gmem_dpriv_mig *m)
 {
-	unsigned long i;
-	long moved = 0;
+	long moved;
 
 	migrate_vma_pages(&m->args);
-	for (i = 0; i < m->args.npages; i++)
-		moved += m->dst[i] && (m->src[i] & MIGRATE_PFN_MIGRATE);
+	moved = gmem_dpriv_moved(m->src, m->dst, m->args.npages);
 	migrate_vma_finalize(&m->args);
 	mmap_read_unlock(m->mm);
 	return moved;

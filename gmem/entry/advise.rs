@@ -104,21 +104,12 @@ fn advise_until(space: &Space, a: &Advice, cancel: Option<&Arc<AtomicBool>>) -> 
     if count == 0 {
         return Ok(());
     }
-    let hint = |set: bool, bits: u32| -> Result {
-        let mut m = region.advice.lock();
-        let res = if set { m.set(r, bits) } else { m.clear(r, bits) };
-        res.map_err(|_| E2BIG)
-    };
+    if let Some(res) = location_hint(&region.advice, r, a, || device_id(a.dev)) {
+        return res;
+    }
     match a.advice {
-        PREFERRED_LOC => {
-            let v = if a.dev == HOST { adv::PREF_HOST } else { u32::from(device_id(a.dev)?) + 1 };
-            prefer(&region.advice, r, v)
-        }
-        UNSET_PREFERRED_LOC => hint(false, adv::PREF_MASK),
-        ACCESSED_BY => hint(true, 1u32 << device_id(a.dev)?),
-        UNSET_ACCESSED_BY => hint(false, 1u32 << device_id(a.dev)?),
-        READ_MOSTLY => hint(true, adv::READ_MOSTLY),
-        UNSET_READ_MOSTLY => hint(false, adv::READ_MOSTLY),
+        READ_MOSTLY => hint(&region.advice, r, true, adv::READ_MOSTLY),
+        UNSET_READ_MOSTLY => hint(&region.advice, r, false, adv::READ_MOSTLY),
         PREFETCH | PIN | UNPIN | DONTNEED => {
             let (event, target) = match a.advice {
                 PREFETCH if a.dev == HOST => (Event::Prefetch { to: Target::Host }, None),
@@ -139,6 +130,13 @@ fn advise_until(space: &Space, a: &Advice, cancel: Option<&Arc<AtomicBool>>) -> 
     }
 }
 
+/// Sets (or clears) advice `bits` over `r` in `map`; `E2BIG` if it has no room for the runs.
+fn hint(map: &Mutex<AdviceMap<ADVICE_RUNS>>, r: PageRange, set: bool, bits: u32) -> Result {
+    let mut m = map.lock();
+    let res = if set { m.set(r, bits) } else { m.clear(r, bits) };
+    res.map_err(|_| E2BIG)
+}
+
 /// Replaces the preferred location of `r` in `map` by `v` (`region::adv` encoding): all or
 /// nothing (`E2BIG` if the map has no room for the runs).
 fn prefer(map: &Mutex<AdviceMap<ADVICE_RUNS>>, r: PageRange, v: u32) -> Result {
@@ -148,6 +146,26 @@ fn prefer(map: &Mutex<AdviceMap<ADVICE_RUNS>>, r: PageRange, v: u32) -> Result {
     m.set(r, v << adv::PREF_SHIFT).map_err(|_| E2BIG)?;
     *cur = m;
     Ok(())
+}
+
+/// The location hints of `a` (PREFERRED_LOC, ACCESSED_BY and their unsets) over `r` in
+/// `map`, a region's advice or the space's for ordinary memory: the same bits for both.
+/// `dev` checks the device `a` names for setting them and returns its id. `None` for any
+/// other advice.
+fn location_hint(
+    map: &Mutex<AdviceMap<ADVICE_RUNS>>,
+    r: PageRange,
+    a: &Advice,
+    dev: impl Fn() -> Result<u8>,
+) -> Option<Result> {
+    Some(match a.advice {
+        PREFERRED_LOC if a.dev == HOST => prefer(map, r, adv::PREF_HOST),
+        PREFERRED_LOC => dev().and_then(|d| prefer(map, r, u32::from(d) + 1)),
+        UNSET_PREFERRED_LOC => hint(map, r, false, adv::PREF_MASK),
+        ACCESSED_BY => dev().and_then(|d| hint(map, r, true, 1u32 << d)),
+        UNSET_ACCESSED_BY => device_id(a.dev).and_then(|d| hint(map, r, false, 1u32 << d)),
+        _ => return None,
+    })
 }
 
 /// Advice on ordinary process memory, `[start, end)` (page aligned, its first page in no
@@ -166,21 +184,13 @@ fn sysmem_advise(space: &Space, a: &Advice, start: u64, end: u64, cancel: Option
         }
     };
     let r = PageRange { first: start / 4096, count: (end - start) / 4096 };
-    let hint = |set: bool, bits: u32| -> Result {
-        let mut m = space.sysmem_advice.lock();
-        let res = if set { m.set(r, bits) } else { m.clear(r, bits) };
-        res.map_err(|_| E2BIG)
-    };
+    // Device ids fit in 8 bits (`device_id`).
+    if let Some(res) = location_hint(&space.sysmem_advice, r, a, || dev().map(|d| d.id as u8)) {
+        return res;
+    }
     match a.advice {
         PREFETCH if a.dev == HOST => sysmem::prefetch_host(space, start, end, cancel),
         PREFETCH => sysmem::prefetch(&dev()?, space, start, end, cancel),
-        PREFERRED_LOC => {
-            let v = if a.dev == HOST { adv::PREF_HOST } else { u32::from(dev()?.id as u8) + 1 };
-            prefer(&space.sysmem_advice, r, v)
-        }
-        UNSET_PREFERRED_LOC => hint(false, adv::PREF_MASK),
-        ACCESSED_BY => hint(true, 1u32 << dev()?.id),
-        UNSET_ACCESSED_BY => hint(false, 1u32 << device_id(a.dev)?),
         // READ_MOSTLY, PIN, UNPIN, DONTNEED: regions only.
         _ => Err(ENOENT),
     }

@@ -190,12 +190,7 @@ pub(crate) fn record_moves(dev: Option<&Device>, space: &Space, r: &Region, step
         let mut t = space.thrash.lock();
         let now = sched::now_ns();
         for st in steps.iter().filter(moved) {
-            let va = r.va(st.i);
-            if !t.recent.seen_again(va) {
-                // First move of this page in a while: nothing to track.
-                continue;
-            }
-            let v = t.table.on_move(va, now, &tune::thrash_params());
+            let v = t.moved(r.va(st.i), now);
             hits += u64::from(!matches!(v, Verdict::Migrate));
             throttle |= matches!(v, Verdict::Throttle);
         }

@@ -178,10 +178,8 @@ fn bouncing(dev: &Device, space: &Space, base: u64) -> bool {
         let mut t = space.thrash.lock();
         if t.table.pinned(base, now) {
             Verdict::PinRemote
-        } else if t.recent.seen_again(base) {
-            t.table.on_move(base, now, &tune::thrash_params())
         } else {
-            Verdict::Migrate
+            t.moved(base, now)
         }
     };
     if matches!(v, Verdict::Migrate) {
@@ -192,24 +190,31 @@ fn bouncing(dev: &Device, space: &Space, base: u64) -> bool {
     true
 }
 
+/// Calls `f(p, npages)` for the rest `[p, stop)` of `[a, stop)` (page aligned, within one
+/// 2 MiB block) until it is covered: `f` returns how many pages from `p` it dealt with (its
+/// VMA's clip; at least one is taken, so each call progresses), or `None` to stop early.
+fn by_vma(a: u64, stop: u64, mut f: impl FnMut(u64, usize) -> Result<Option<usize>>) -> Result {
+    let mut p = a;
+    while p < stop {
+        let Some(covered) = f(p, ((stop - p) / 4096) as usize)? else { break };
+        p += core::cmp::max(covered, 1) as u64 * 4096;
+    }
+    Ok(())
+}
+
 /// Moves what can move of `[a, stop)` (page aligned, within one 2 MiB block) into `dev`'s
 /// memory, VMA by VMA, after making room by eviction if its pool is short. `holes`: step
 /// over pages in no mapping (a fault's advised run may cross one) instead of failing.
 fn migrate_range(dev: &Arc<Device>, space: &Space, buf: &mut MigBuf, a: u64, stop: u64, holes: bool) -> Result {
-    let mut p = a;
-    while p < stop {
-        let n = ((stop - p) / 4096) as usize;
+    by_vma(a, stop, |p, n| {
         if dev.frames_free_hint() < n as u64 {
             evict::make_room(dev, n, Why::Advice, None);
         }
-        let (_, covered) = match dpriv::to_device(dev, space, buf, p, n) {
-            Err(e) if holes && e == EFAULT => (0, 1),
-            r => r?,
-        };
-        // At least one page (the VMA of `p` contains it).
-        p += core::cmp::max(covered, 1) as u64 * 4096;
-    }
-    Ok(())
+        match dpriv::to_device(dev, space, buf, p, n) {
+            Err(e) if holes && e == EFAULT => Ok(Some(1)),
+            r => r.map(|(_, covered)| Some(covered)),
+        }
+    })
 }
 
 /// For the ioctls (QUERY, ADVISE), which name an address in no region and no mapping
@@ -356,14 +361,10 @@ pub(crate) fn prefetch_host(space: &Space, start: u64, end: u64, cancel: Option<
     by_block(start, end, cancel, |a, stop| {
         // One that is unregistering gives its pages back itself.
         for dev in holders.iter().filter(|d| d.alive()) {
-            let mut p = a;
-            while p < stop {
-                let (_, covered) = match dpriv::to_host(dev, space, p, ((stop - p) / 4096) as usize) {
-                    Err(e) if e == ENODEV => break,
-                    r => r?,
-                };
-                p += core::cmp::max(covered, 1) as u64 * 4096;
-            }
+            by_vma(a, stop, |p, n| match dpriv::to_host(dev, space, p, n) {
+                Err(e) if e == ENODEV => Ok(None),
+                r => r.map(|(_, covered)| Some(covered)),
+            })?;
         }
         Ok(())
     })

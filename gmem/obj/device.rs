@@ -610,21 +610,31 @@ impl Device {
         self.released_n.fetch_add(1, Ordering::AcqRel);
     }
 
-    /// Returns the frames of released device-private pages to the pool; returns how many.
+    /// Returns the frames of released device-private pages to the pool, 64 per acquisition
+    /// of the pool lock ([`Device::commit_frames`]); returns how many.
     pub(crate) fn drain_released(&self) -> u64 {
         if self.released_n.load(Ordering::Acquire) == 0 {
             return 0;
         }
+        let mut ops: KVec<FrameOp> = KVec::new();
         let mut n = 0u64;
         for (i, w) in self.released.iter().enumerate() {
             let mut bits = w.swap(0, Ordering::AcqRel);
             while bits != 0 {
                 let b = u64::from(bits.trailing_zeros());
                 bits &= bits - 1;
-                if let Ok(f) = u32::try_from(i as u64 * 64 + b) {
+                // Frame numbers fit in 32 bits (checked at registration).
+                let Ok(f) = u32::try_from(i as u64 * 64 + b) else { continue };
+                n += 1;
+                if ops.push(FrameOp::Free(f), GFP_KERNEL).is_err() {
+                    // No memory for the batch: this one goes alone.
                     self.free_frame(f);
-                    n += 1;
                 }
+            }
+            if !ops.is_empty() {
+                self.commit_frames(ops.iter_mut());
+                // The charges and owners it replaced are dropped here, without the lock.
+                ops.clear();
             }
         }
         self.released_n.fetch_sub(n, Ordering::AcqRel);
@@ -1003,12 +1013,7 @@ impl Device {
     }
 
     pub(crate) fn set_flags(&self, frame: u32, set: u8) {
-        let mut pool = self.pool();
-        let FramePool { flags, pinned, lent, sysmem, .. } = &mut *pool;
-        if let Some(f) = flags.get_mut(frame as usize) {
-            FramePool::recount([pinned, lent, sysmem], *f, *f | set);
-            *f |= set;
-        }
+        self.set_flags_of(&[frame], set);
     }
 
     /// `frame`'s flags if it may go in an eviction for `limit` (its charge lies within that

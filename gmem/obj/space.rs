@@ -13,7 +13,7 @@ use crate::obj::devices::MAX_DEVICES;
 use crate::obj::mirror::{self, MirrorState, Notifier, CHUNK_BYTES};
 use crate::obj::region::{Region, ADVICE_RUNS};
 use crate::policy::range::AdviceMap;
-use crate::policy::thrash::{RecentMoves, ThrashTable};
+use crate::policy::thrash::{RecentMoves, ThrashTable, Verdict};
 use core::sync::atomic::{AtomicU64, Ordering};
 use kernel::{
     maple_tree::MapleTree,
@@ -91,6 +91,18 @@ pub(crate) const THRASH_ENTRIES: usize = 128;
 pub(crate) struct Thrash {
     pub(crate) recent: RecentMoves<1024>,
     pub(crate) table: ThrashTable<THRASH_ENTRIES>,
+}
+
+impl Thrash {
+    /// Records a move of what lives at `va` (a page of a region, or a block of ordinary
+    /// memory) at `now` and says what to do with the next one: tracked only once it moved
+    /// again within a while (`RecentMoves`), then by the table's verdicts.
+    pub(crate) fn moved(&mut self, va: u64, now: u64) -> Verdict {
+        if !self.recent.seen_again(va) {
+            return Verdict::Migrate;
+        }
+        self.table.on_move(va, now, &crate::obj::tune::thrash_params())
+    }
 }
 
 // SAFETY: every field is thread-safe; the maple tree (whose Rust abstraction does not

@@ -47,6 +47,17 @@ fn setup(pages: usize) -> Result<(Gmem, Sim, u32, u64, Anon), String> {
     Ok((g, s, d, frames0, m))
 }
 
+/// [`setup`] with the buffer written by the CPU (`pattern(seed, i)`) and moved to the
+/// device by PREFETCH (checked with QUERY).
+fn migrated(pages: usize, seed: u32) -> Result<(Gmem, Sim, u32, u64, Anon), String> {
+    let (g, s, d, frames0, m) = setup(pages)?;
+    m.words().iter_mut().enumerate().for_each(|(i, x)| *x = pattern(seed, i));
+    ok!(g.advise(m.addr, m.len as u64, GMEM_ADV_PREFETCH, d as i32, 0));
+    let q = ok!(g.query(m.addr, pages));
+    ensure!(q.iter().all(|&x| x == GMEM_LOC_DEVICE | (d << 8)), "not on the device after PREFETCH: {q:x?}");
+    Ok((g, s, d, frames0, m))
+}
+
 fn pattern(seed: u32, i: usize) -> u32 {
     (i as u32).wrapping_mul(2_654_435_761) ^ seed
 }
@@ -137,12 +148,8 @@ fn dpriv_process_exits_with_buffer_on_device() -> TestResult {
 /// fork after migration: the pages are shared copy-on-write; the child's CPU read brings
 /// them back for both, and each process then keeps its own writes.
 fn dpriv_fork_after_migration() -> TestResult {
-    let (g, s, d, frames0, m) = setup(16)?;
+    let (_g, s, d, frames0, m) = migrated(16, 7)?;
     let w = m.words();
-    w.iter_mut().enumerate().for_each(|(i, x)| *x = pattern(7, i));
-    ok!(g.advise(m.addr, m.len as u64, GMEM_ADV_PREFETCH, d as i32, 0));
-    let q = ok!(g.query(m.addr, 16));
-    ensure!(q.iter().all(|&x| x == GMEM_LOC_DEVICE | (d << 8)), "not on the device before fork: {q:x?}");
     let code = child_exit(|| {
         let w = m.words();
         if !w.iter().enumerate().all(|(i, &x)| x == pattern(7, i)) {
@@ -165,10 +172,8 @@ fn dpriv_fork_after_migration() -> TestResult {
 /// brings the block back (for both processes) and breaks COW as a CPU write would. The
 /// child keeps the old data, the parent sees the device's.
 fn dpriv_device_write_after_fork_breaks_cow() -> TestResult {
-    let (g, s, d, frames0, m) = setup(16)?;
+    let (g, s, d, frames0, m) = migrated(16, 9)?;
     let w = m.words();
-    w.iter_mut().enumerate().for_each(|(i, x)| *x = pattern(9, i));
-    ok!(g.advise(m.addr, m.len as u64, GMEM_ADV_PREFETCH, d as i32, 0));
     let mut fds = [0i32; 2];
     // SAFETY: a pipe into our own array.
     ensure!(unsafe { libc::pipe(fds.as_mut_ptr()) } == 0, "pipe");
