@@ -189,7 +189,7 @@ pub(crate) fn evacuate(dev: &Device) {
 #[no_mangle]
 unsafe extern "C" fn gmem_dpriv_released(owner: *const c_void, frame: c_ulong) {
     // SAFETY: by the caller's contract the device is alive and in an `Arc` (the
-    // registration's reference, `Device::new` bound `Arc::as_ptr`).
+    // registration's reference; `Device::dpriv_or_create` bound `Arc::as_ptr`).
     let dev = unsafe { ArcBorrow::from_raw(owner.cast::<Device>()) };
     dev.note_released(frame as u64);
     // Not the last reference (the registration holds one): dropping it here is fine.

@@ -6,10 +6,11 @@
 //! allocator, charges and eviction; the process's page tables then hold device-private
 //! entries, and a CPU access brings the pages back through the pagemap's `migrate_to_ram`.
 //!
-//! Lifetime: the pagemap is created at registration (for a driver that can map process
+//! Lifetime: the pagemap is created by the first migration to the device
+//! (`Device::dpriv_or_create`, inside a placing section, for a driver that can map process
 //! memory) and torn down by unregistration ([`Pagemap::teardown`]) after every page came
 //! back: the C side waits until each page was freed, so no pagemap callback runs later.
-//! Those callbacks reach the `Device` through the owner bound at registration; the
+//! Those callbacks reach the `Device` through the owner bound at creation; the
 //! registration's reference keeps it alive until teardown returned. Users of the C object
 //! on the Rust side: migrations to and from the device run inside the device's *placing*
 //! section (`Device::placing`), which unregistration waits for after marking the device

@@ -150,7 +150,9 @@ impl Notifier {
         let start = c_ulong::try_from(start).map_err(|_| EFAULT)?;
         let (mut first, mut count, mut seq): (c_ulong, c_ulong, c_ulong) = (0, 0, 0);
         // SAFETY: `m` is live (type invariant; only `remove`, at space teardown, frees it,
-        // and the caller holds the space); the arrays have `BLOCK_PAGES` entries.
+        // and the caller holds the space); the arrays have `BLOCK_PAGES` entries; the
+        // pagemap pointer is only compared with pages' owners (`dev_private_owner`), never
+        // dereferenced.
         let r = unsafe {
             gmem_mirror_fault(
                 m.as_ptr(),
