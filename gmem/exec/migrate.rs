@@ -574,8 +574,10 @@ pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outco
     }
     let fresh: &mut [Fresh] = if steps.len() > SMALL { &mut big } else { &mut small[..steps.len()] };
     let mut nfresh = 0;
-    let dups_needed =
-        steps.iter().filter(|st| st.a.alloc_frame.is_some_and(|d| st.next.loc() != Loc::Device(d))).count();
+    let dups_needed = steps
+        .iter()
+        .filter(|st| st.a.owner_to_dup.is_some() || st.a.alloc_frame.is_some_and(|d| st.next.loc() != Loc::Device(d)))
+        .count();
     if let Err(e) = p.dups.reserve(dups_needed) {
         return Outcome::failed(e);
     }
@@ -736,6 +738,7 @@ pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outco
 /// new or current frame(s) it records.
 fn frame_ops(st: &Step, fresh: &Fresh) -> usize {
     usize::from(st.a.free_frame.is_some())
+        + usize::from(st.a.owner_to_dup.is_some())
         + st.a.free_dup_frames.count_ones() as usize
         + usize::from(fresh.frame.is_some())
         + usize::from(matches!(st.next.loc(), Loc::Device(_)))
@@ -753,9 +756,21 @@ fn commit(env: &Env<'_>, p: &mut Pages, st: &Step, fresh: &Fresh, ops: &mut KVec
     if let Some(o) = a.free_frame {
         queue(o, FrameOp::Free(p.frame(i)));
     }
+    if let Some(o) = a.owner_to_dup {
+        // The parked frame stays as a backing copy (same holder): clean, first to go when
+        // its device needs room, still lent. The tree node was reserved before step 1.
+        let f = p.frame(i);
+        let _ = p.dups.insert(i, o, f);
+        queue(o, FrameOp::Own { frame: f, who: None, set: F_CLEAN, keep: F_LENT, settle: false });
+    }
     for d in devices_in(a.free_dup_frames) {
         if let Some(f) = p.take_dup(i, d) {
             queue(d, FrameOp::Free(f));
+        }
+    }
+    if let Some(h) = a.dup_to_owner {
+        if let Some(f) = p.take_dup(i, h) {
+            p.set_frame(i, f);
         }
     }
     let who = || Some(Owner { region: env.region.clone(), page: i as u32 });
@@ -776,7 +791,11 @@ fn commit(env: &Env<'_>, p: &mut Pages, st: &Step, fresh: &Fresh, ops: &mut KVec
         if next.host_valid() && !next.dirty() {
             set |= F_CLEAN;
         }
-        let keep = if env.access { 0 } else { F_LENT | F_REF | F_PREFETCHED };
+        // A page parked here for another device: its lender reclaims it first.
+        if next.parked() {
+            set |= F_LENT;
+        }
+        let keep = if env.access { 0 } else { F_REF | F_PREFETCHED };
         let settle = env.access && a.free_frame != Some(d);
         queue(
             d,

@@ -33,7 +33,6 @@ use crate::obj::dmem::Limit;
 use crate::obj::region::Region;
 use crate::obj::region::{adv, ADVICE_RUNS};
 use crate::obj::{devices, trace, tune};
-use crate::policy::evict::F_LENT;
 use crate::policy::evict::{reclaim_target, write_back_lent, F_REF};
 use crate::policy::page_state::Target;
 use crate::policy::page_state::{transition, Actions, Copy, Event, Loc};
@@ -67,15 +66,18 @@ fn peer_for(dev: &Device) -> Option<Arc<Device>> {
 }
 
 /// The eviction step of page `i` of `region`, held on `dev`: a read-only duplicate is
-/// dropped, a dirty owner page is parked on the peer while `peer_room` lasts (then
-/// decremented), anything else goes to the host (a clean page without a copy). `None`
-/// for a pinned page or one `dev` no longer holds.
+/// dropped; a dirty owner page goes back without a copy to a live device of `holders`
+/// that has a duplicate of it (the backing copy of a page read back from where it was
+/// parked), else is parked on the peer while `peer_room` lasts (then decremented);
+/// anything else goes to the host (a clean page without a copy). `None` for a pinned page
+/// or one `dev` no longer holds.
 fn evict_step(
     dev: &Device,
     p: &crate::obj::region::Pages,
     i: usize,
     peer: &Option<Arc<Device>>,
     peer_room: &mut u64,
+    holders: u16,
 ) -> Option<Step> {
     let d = dev.id as u8;
     let s = p.state(i);
@@ -88,7 +90,9 @@ fn evict_step(
         return None;
     } else {
         let clean = s.host_valid() && !s.dirty();
+        let backed = s.dup_mask() & holders;
         match peer {
+            _ if !clean && backed != 0 => Event::EvictTo { dev: backed.trailing_zeros() as u8 },
             Some(peer) if !clean && *peer_room > 0 => {
                 *peer_room -= 1;
                 Event::EvictTo { dev: peer.id as u8 }
@@ -101,26 +105,16 @@ fn evict_step(
 }
 
 /// Counts an evicted page by where it went, in the device's counters and in `tally`
-/// (to host, to a peer, clean: the batch's trace event); a page parked on `peer` is
-/// recorded there as lent (the lender reclaims parked frames first). Returns whether it
-/// was parked.
-fn note_evicted(
-    dev: &Device,
-    peer: &Option<Arc<Device>>,
-    region: &Arc<Region>,
-    p: &crate::obj::region::Pages,
-    st: &Step,
-    tally: &mut [u32; 3],
-) -> bool {
+/// (to host, to a peer, clean: the batch's trace event). Returns whether it was copied
+/// to `peer` (the executor has marked its frame there lent: the lender reclaims parked
+/// frames first).
+fn note_evicted(dev: &Device, peer: &Option<Arc<Device>>, st: &Step, tally: &mut [u32; 3]) -> bool {
     let (c, k, parked) = match st.a.copy {
         _ if st.prev.loc() != Loc::Device(dev.id as u8) => (&dev.stats.evicted_clean, 2, false),
-        Copy::D2D { to, .. } => {
-            let lender = peer.as_ref().filter(|peer| peer.id as u8 == to);
-            if let Some(peer) = lender {
-                peer.set_owner(p.frame(st.i), Owner { region: region.clone(), page: st.i as u32 }, F_LENT, 0);
-            }
-            (&dev.stats.evicted_to_peer, 1, lender.is_some())
-        }
+        // Back to the duplicate it left where it was parked before: no copy.
+        _ if st.a.dup_to_owner.is_some() => (&dev.stats.evicted_to_peer, 1, false),
+        // The executor marked the frame lent (the page is parked).
+        Copy::D2D { to, .. } => (&dev.stats.evicted_to_peer, 1, peer.as_ref().is_some_and(|peer| peer.id as u8 == to)),
         Copy::None => (&dev.stats.evicted_clean, 2, false),
         _ => (&dev.stats.evicted_to_host, 0, false),
     };
@@ -144,9 +138,16 @@ fn evict_pages(
         Some(peer) if peer.alive() => peer.frames_free().saturating_sub(peer.high() + 1),
         _ => 0,
     };
+    // Devices whose duplicates may take pages back without a copy: live, of the same
+    // driver. A device that dies after this look loses its duplicates under the block
+    // lock held here, so a promotion never targets one it has already dropped.
+    let holders = devices::all()
+        .into_iter()
+        .filter(|h| h.id != dev.id && h.alive() && h.same_driver(dev))
+        .fold(0u16, |m, h| m | u32::try_from(h.id).ok().and_then(|s| 1u16.checked_shl(s)).unwrap_or(0));
     let mut steps: KVec<Step> = KVec::with_capacity(idx.len(), GFP_KERNEL)?;
     for &i in idx {
-        if let Some(st) = evict_step(dev, p, i, peer, &mut peer_room) {
+        if let Some(st) = evict_step(dev, p, i, peer, &mut peer_room, holders) {
             steps.push(st, GFP_KERNEL)?;
         }
     }
@@ -159,14 +160,14 @@ fn evict_pages(
         if !with_peer {
             let mut none = 0;
             for k in from..steps.len() {
-                if let Some(st) = evict_step(dev, p, steps[k].i, &None, &mut none) {
+                if let Some(st) = evict_step(dev, p, steps[k].i, &None, &mut none, holders) {
                     steps[k] = st;
                 }
             }
         }
         let out = migrate::apply_batch(&env, p, &steps[from..]);
         for st in &steps[from..from + out.done] {
-            parked |= note_evicted(dev, peer, region, p, st, &mut tally);
+            parked |= note_evicted(dev, peer, st, &mut tally);
         }
         freed += out.done;
         from += out.done;

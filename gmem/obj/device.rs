@@ -975,24 +975,6 @@ impl Device {
         settled
     }
 
-    /// Records who holds `frame` and its replacement flags (`keep` bits of the old flags
-    /// are preserved, the rest replaced by `set`).
-    pub(crate) fn set_owner(&self, frame: u32, who: Owner, set: u8, keep: u8) {
-        let old = {
-            let mut pool = self.pool();
-            let i = frame as usize;
-            if i >= pool.flags.len() {
-                return;
-            }
-            let FramePool { flags, owner, pinned, lent, sysmem, .. } = &mut *pool;
-            let new = (flags[i] & keep) | set | F_USED;
-            FramePool::recount([pinned, lent, sysmem], flags[i], new);
-            flags[i] = new;
-            owner[i].replace(who)
-        };
-        drop(old);
-    }
-
     /// The device used the frame's page (accessed bit seen): a second chance, and a pending
     /// prefetch of it counts as used.
     pub(crate) fn note_used(&self, frame: u32) {

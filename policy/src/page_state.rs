@@ -29,6 +29,14 @@
 //!   write turns the page dirty and releases the host page; `WriteBack` copies a dirty page
 //!   home and makes it clean again. Migrations between devices (`D2D`, `EvictTo`) keep the
 //!   clean/dirty status and the host page.
+//! - A page evicted to a peer (`EvictTo`) is *parked* there: its owner is the peer, which
+//!   does not use it. A device read fault on a parked page copies it over and keeps the
+//!   peer's frame as a read-only duplicate ([`Actions::owner_to_dup`]): a backing copy, as
+//!   the host page of a clean page is one. Evicting the page to that peer again promotes
+//!   the duplicate back to owner without a copy ([`Actions::dup_to_owner`]); a write drops
+//!   it as it drops any duplicate. So a page that goes out, comes back to be read and goes
+//!   out again crosses the peer link twice, not three times. Any use of the page by its
+//!   owner (fault, prefetch or pin there) ends the parking.
 //! - A device maps the owner frame writable only while the page is dirty and has no
 //!   duplicates: every `map_dev` of a device frame in a clean state or in a state with
 //!   duplicates is read-only, and the transitions that make a page clean (`WriteBack`)
@@ -44,7 +52,7 @@
 //!
 //! Packing (the raw bits are private; `query_word` is the user-visible encoding): bits
 //! 30-31 are the location tag (0 none, 1 host, 2 device, 3 lost). Device layout: bits 0-15 dup
-//! mask, 16-19 owner, 20 pinned, 21 dirty, 22 host_valid. Host layout: bits 0-25 hold one
+//! mask, 16-19 owner, 20 pinned, 21 dirty, 22 host_valid, 23 parked. Host layout: bits 0-25 hold one
 //! base-3 digit per device (0 nothing, 1 duplicate, 2 remote mapping; 3^16 < 2^26), which is
 //! how 16 devices' duplicate *and* remote masks fit in 32 bits, and bit 26 is cpu_mapped.
 //! `Loc::None` is all zeros; `Loc::Lost` is tag 3 with every other bit zero (and any value
@@ -67,6 +75,7 @@ const D_OWNER_SHIFT: u32 = 16;
 const D_PINNED: u32 = 1 << 20;
 const D_DIRTY: u32 = 1 << 21;
 const D_HOST_VALID: u32 = 1 << 22;
+const D_PARKED: u32 = 1 << 23;
 
 /// User-visible query word bits (`GMEM_Q_*` in `include/uapi/linux/gmem.h`).
 pub const Q_LOC_NONE: u32 = 0;
@@ -167,7 +176,9 @@ pub enum Event {
     /// faults). A no-op on anything else; never refused.
     WriteBack,
     /// Eviction to a peer: move the page from its owner to a spare frame of `dev`, mapped by
-    /// nobody (refused while pinned; a no-op if not on a device or already on `dev`).
+    /// nobody, and mark it parked; if `dev` holds a duplicate, that frame becomes the owner
+    /// frame without a copy (refused while pinned; a no-op if not on a device or already on
+    /// `dev`).
     EvictTo { dev: u8 },
     /// The data of a device page could not be saved when its device went away: release
     /// everything the page holds (pin ignored) and make it `Loc::Lost`. A no-op anywhere but
@@ -224,8 +235,13 @@ pub struct Actions {
     pub unmap_dev: u16,
     /// 6. Release the frame of the device that owned the page before.
     pub free_frame: Option<u8>,
+    /// 6a. The frame of the device that owned the page before becomes that device's
+    ///     duplicate frame (instead of being released).
+    pub owner_to_dup: Option<u8>,
     /// 6b. Release duplicate frames on these devices.
     pub free_dup_frames: u16,
+    /// 6c. This device's duplicate frame becomes the owner frame (no allocation, no copy).
+    pub dup_to_owner: Option<u8>,
     /// 7. Release the host page.
     pub free_host: bool,
     /// 8. Install a device PTE.
@@ -259,11 +275,22 @@ struct Fields {
     cpu_mapped: bool,
     dup: u16,
     remote: u16,
+    /// On a device: the owner is a peer that holds the page for another device
+    /// (`EvictTo`), not a user of it.
+    parked: bool,
 }
 
 impl Fields {
-    const NONE: Fields =
-        Fields { loc: Loc::None, pinned: false, dirty: false, host_valid: false, cpu_mapped: false, dup: 0, remote: 0 };
+    const NONE: Fields = Fields {
+        loc: Loc::None,
+        pinned: false,
+        dirty: false,
+        host_valid: false,
+        cpu_mapped: false,
+        dup: 0,
+        remote: 0,
+        parked: false,
+    };
     /// The authoritative copy is the (clean) host page.
     const HOST: Fields = Fields { loc: Loc::Host, host_valid: true, ..Fields::NONE };
     /// The data is gone; nothing else can be true of the page.
@@ -301,6 +328,7 @@ impl Fields {
                 v |= if self.pinned { D_PINNED } else { 0 };
                 v |= if self.dirty { D_DIRTY } else { 0 };
                 v |= if self.host_valid { D_HOST_VALID } else { 0 };
+                v |= if self.parked { D_PARKED } else { 0 };
                 PageState(v)
             }
             Loc::Lost => PageState(TAG_LOST << TAG_SHIFT),
@@ -355,6 +383,7 @@ impl PageState {
                     cpu_mapped: false,
                     dup: (v & D_DUP) as u16 & !bit(o),
                     remote: 0,
+                    parked: v & D_PARKED != 0,
                 }
             }
             // Nothing but the location survives a loss, so the other bits are ignored.
@@ -383,7 +412,12 @@ impl PageState {
     pub fn cpu_mapped(self) -> bool {
         self.unpack().cpu_mapped
     }
-    /// Devices holding read-only duplicates (READ_MOSTLY).
+    /// Parked on its owner device for another one (see the module documentation).
+    pub fn parked(self) -> bool {
+        self.unpack().parked
+    }
+    /// Devices holding read-only duplicates (READ_MOSTLY, or the backing copy a parked
+    /// page leaves on its peer).
     pub fn dup_mask(self) -> u16 {
         self.unpack().dup
     }
@@ -491,6 +525,26 @@ fn dev_to_dev(f: Fields, o: u8, d: u8, a: &mut Actions) -> Fields {
     a.free_frame = Some(o);
     a.free_dup_frames |= f.dup;
     Fields { loc: Loc::Device(d), dirty: f.dirty, host_valid: f.host_valid, ..Fields::NONE }
+}
+
+/// A read fault of `d` on a page parked on `o`: like [`dev_to_dev`], but `o`'s frame stays
+/// as a read-only duplicate, so that evicting the page to `o` again needs no copy.
+fn unpark(f: Fields, o: u8, d: u8, a: &mut Actions) -> Fields {
+    a.alloc_frame = Some(d);
+    a.copy = Copy::D2D { from: o, to: d };
+    a.unmap_dev |= bit(o);
+    a.owner_to_dup = Some(o);
+    Fields { loc: Loc::Device(d), dirty: f.dirty, host_valid: f.host_valid, dup: f.dup | bit(o), ..Fields::NONE }
+}
+
+/// Eviction of a page owned by `o` to `h`, which holds a duplicate: the duplicate becomes
+/// the (parked) owner frame, the other duplicates go, nothing is copied.
+fn promote(f: Fields, o: u8, h: u8, a: &mut Actions) -> Fields {
+    a.unmap_dev |= bit(o) | f.dup;
+    a.free_frame = Some(o);
+    a.free_dup_frames |= f.dup & !bit(h);
+    a.dup_to_owner = Some(h);
+    Fields { loc: Loc::Device(h), dirty: f.dirty, host_valid: f.host_valid, parked: true, ..Fields::NONE }
 }
 
 /// Copies a dirty device page home and keeps both copies (`Event::WriteBack`).
@@ -628,6 +682,7 @@ fn dev_fault(
             return Ok(Fields { remote: bit(d), ..dev_to_host(f, o, a) });
         }
         Loc::Device(o) if read_mostly && !write => return Ok(add_dup(f, d, Copy::D2D { from: o, to: d }, a)),
+        Loc::Device(o) if f.parked && !write => unpark(f, o, d, a),
         Loc::Device(o) => dev_to_dev(f, o, d, a),
     };
     // `n` is `Device(d)`: d maps its own frame, writable only once the page is dirty.
@@ -733,12 +788,23 @@ pub fn transition(s: PageState, e: Event) -> Result<(PageState, Actions), Refuse
             check_dev(dev)?;
             match f.loc {
                 Loc::Device(_) if f.pinned => return Err(Refused::Pinned),
+                // The peer's duplicate (left by `unpark`) takes over: no copy.
+                Loc::Device(o) if o != dev && f.dup & bit(dev) != 0 => promote(f, o, dev, &mut a),
                 // Parked on the peer: nobody maps it until the next fault.
-                Loc::Device(o) if o != dev => dev_to_dev(f, o, dev, &mut a),
+                Loc::Device(o) if o != dev => Fields { parked: true, ..dev_to_dev(f, o, dev, &mut a) },
                 _ => f,
             }
         }
         Event::Lose => lose(f, &mut a),
+    };
+    // The owner using the page itself ends its parking.
+    let n = match e {
+        Event::DevFault { dev, .. } | Event::Pin { dev } | Event::Prefetch { to: Target::Device(dev) }
+            if n.loc == Loc::Device(dev) =>
+        {
+            Fields { parked: false, ..n }
+        }
+        _ => n,
     };
     Ok((n.pack(), a))
 }
@@ -919,19 +985,61 @@ mod tests {
     }
 
     #[test]
+    fn a_parked_page_read_back_keeps_its_peer_copy_and_goes_back_without_one() {
+        let (d, _) = go(PageState::EMPTY, dev_fault(0, true));
+        let (p, _) = go(d, Event::EvictTo { dev: 2 });
+        // Read back: copied, the peer's frame stays as a read-only duplicate.
+        let (b, a) = go(p, dev_fault(0, false));
+        assert_eq!((b.loc(), b.dirty(), b.dup_mask(), b.parked()), (Loc::Device(0), true, 1 << 2, false));
+        assert_eq!(
+            a,
+            Actions {
+                alloc_frame: Some(0),
+                copy: Copy::D2D { from: 2, to: 0 },
+                unmap_dev: 1 << 2,
+                owner_to_dup: Some(2),
+                map_dev: RO(0),
+                ..Actions::default()
+            }
+        );
+        // Out again: the duplicate is promoted, nothing is copied.
+        let (q, a) = go(b, Event::EvictTo { dev: 2 });
+        assert_eq!((q.loc(), q.dirty(), q.dup_mask(), q.parked()), (Loc::Device(2), true, 0, true));
+        assert_eq!(
+            a,
+            Actions {
+                unmap_dev: (1 << 0) | (1 << 2),
+                free_frame: Some(0),
+                dup_to_owner: Some(2),
+                ..Actions::default()
+            }
+        );
+        // A write after the read drops the peer copy; a write fault on the parked page
+        // moves it without keeping one.
+        let (w, a) = go(b, dev_fault(0, true));
+        assert_eq!((w.dup_mask(), a.free_dup_frames, a.map_dev), (0, 1 << 2, RW(0)));
+        let (w, a) = go(p, dev_fault(0, true));
+        assert_eq!((w.dup_mask(), a.owner_to_dup, a.free_frame), (0, None, Some(2)));
+        // The peer using the page itself ends the parking (then a read elsewhere moves it).
+        let (u, _) = go(p, dev_fault(2, false));
+        assert!(!u.parked());
+        assert_eq!(go(u, dev_fault(0, false)).1.owner_to_dup, None);
+    }
+
+    #[test]
     fn evict_to_parks_the_page_on_a_peer_unmapped() {
         let (d, _) = go(PageState::EMPTY, dev_fault(0, true));
-        let (d, _) = go(d, read_mostly(2));
+        let (d, _) = go(d, read_mostly(1));
         let (p, a) = go(d, Event::EvictTo { dev: 2 });
-        assert_eq!((p.loc(), p.dirty(), p.dup_mask()), (Loc::Device(2), true, 0));
+        assert_eq!((p.loc(), p.dirty(), p.dup_mask(), p.parked()), (Loc::Device(2), true, 0, true));
         assert_eq!(
             a,
             Actions {
                 alloc_frame: Some(2),
                 copy: Copy::D2D { from: 0, to: 2 },
-                unmap_dev: (1 << 0) | (1 << 2),
+                unmap_dev: (1 << 0) | (1 << 1),
                 free_frame: Some(0),
-                free_dup_frames: 1 << 2,
+                free_dup_frames: 1 << 1,
                 ..Actions::default()
             }
         );

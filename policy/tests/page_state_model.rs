@@ -215,9 +215,23 @@ impl Model {
             prop_assert!(self.owner[usize::from(o)].take().is_some(), "free of absent frame");
             self.frames_freed += 1;
         }
+        if let Some(o) = a.owner_to_dup {
+            let o = usize::from(o);
+            prop_assert!(a.free_frame.map(usize::from) != Some(o), "owner frame both freed and kept");
+            prop_assert!(self.dup[o].is_none(), "owner frame kept over a duplicate on {}", o);
+            self.dup[o] = self.owner[o].take();
+            prop_assert!(self.dup[o].is_some(), "absent owner frame kept as a duplicate");
+        }
         for d in bits(a.free_dup_frames) {
             prop_assert!(self.dup[d].take().is_some(), "free of absent dup frame {}", d);
             self.frames_freed += 1;
+        }
+        if let Some(h) = a.dup_to_owner {
+            let h = usize::from(h);
+            prop_assert!(a.free_dup_frames & (1 << h) == 0, "promoted duplicate also freed");
+            prop_assert!(self.owner[h].is_none(), "duplicate promoted over an owner frame");
+            self.owner[h] = self.dup[h].take();
+            prop_assert!(self.owner[h].is_some(), "absent duplicate promoted");
         }
         if a.free_host {
             prop_assert!(self.host.take().is_some(), "free of absent host page");
