@@ -292,8 +292,9 @@ def markdown(d):
         L.append(table(["", "time ms", "MB/s", "/ link bandwidth (= share of the time the link is busy)",
                         "link bytes per page"], rows))
         L.append("")
-        L.append("The rest of the time is fault handling and the CPU's copy, which the synchronous copy "
-                 "engine does not overlap with the link.")
+        L.append("The rest of the time is what does not overlap with the link: the executor's work "
+                 "before and after each block's copies (allocation, commit, mapping), fault handling, "
+                 "and the start of each stream before read-ahead runs ahead of it.")
         L.append("")
     # P3.
     p3 = section(L, d, "p3", "Per-page migrate-to-device + fault-back cost (P3)")

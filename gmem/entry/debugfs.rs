@@ -221,7 +221,7 @@ fn show_spaces(_: &(), f: &mut fmt::Formatter<'_>) -> fmt::Result {
         }
         write!(
             f,
-            "space{} pid={} regions={} pages={} cpu_faults={} dev_faults={} cpu_zaps={} block_locks={} none={} host={} lost={}",
+            "space{} pid={} regions={} pages={} cpu_faults={} dev_faults={} cpu_zaps={} block_locks={} home_ahead={} none={} host={} lost={}",
             s.id,
             s.pid,
             c.regions,
@@ -230,6 +230,7 @@ fn show_spaces(_: &(), f: &mut fmt::Formatter<'_>) -> fmt::Result {
             s.stats.dev_faults.load(Relaxed),
             s.stats.cpu_zaps.load(Relaxed),
             s.stats.block_locks.load(Relaxed),
+            s.stats.home_ahead.load(Relaxed),
             c.none,
             c.host,
             c.lost

@@ -33,8 +33,11 @@ pub(crate) fn cpu_transition(s: PageState, write: bool) -> core::result::Result<
 /// Fault-around: when the page comes from a device, the other device pages of its 2 MiB
 /// block that the density rule picks (`prefetch::cpu_window`) come home in the same
 /// executor batch and are mapped too, so a stream of CPU faults over device memory takes
-/// a few batches per block instead of a fault per page. Pinned, lost and advised pages
-/// are left alone.
+/// a few batches per block instead of a fault per page. When the page is home already
+/// (read ahead, evicted), the block's other unmapped host pages are mapped with it
+/// (map-around, no copy). Pinned, lost and advised pages are left alone. A fault that
+/// leaves its block with nothing on a device reads the next block home ahead of the CPU
+/// (`readahead::home_after`).
 pub(crate) fn cpu_fault(
     region: &Arc<Region>,
     vmf: *mut bindings::vm_fault,
@@ -52,13 +55,17 @@ pub(crate) fn cpu_fault(
     Space::count(&region.space.stats.cpu_faults);
     let mut steps: KVec<migrate::Step> = KVec::new();
     let mut around: KVec<usize> = KVec::new();
+    let home = s.loc() == Loc::Host;
     if matches!(s.loc(), Loc::Device(_)) && tune::PREFETCH.load(Relaxed) {
         // Fault-around is a bet: if its bookkeeping cannot be had, the page comes alone.
         let _ = prefetch::cpu_window(region, &p, i, &mut around);
+    } else if home && tune::PREFETCH.load(Relaxed) {
+        let _ = map_around(region, &p, i, &mut around);
     }
     for &j in around.iter() {
         let sj = p.state(j);
-        if !matches!(sj.loc(), Loc::Device(_)) || sj.pinned() {
+        let plain_host = sj.loc() == Loc::Host && !sj.cpu_mapped() && sj.dup_mask() == 0;
+        if !(matches!(sj.loc(), Loc::Device(_)) || home && plain_host) || sj.pinned() {
             continue;
         }
         if let Ok((nj, aj)) = cpu_transition(sj, false) {
@@ -91,6 +98,11 @@ pub(crate) fn cpu_fault(
     if !a.map_cpu {
         return Err(EFAULT);
     }
+    // The CPU streams home through the region: bring its next block home meanwhile.
+    let streamed = from.is_some() || steps.len() > 1;
+    if streamed && tune::PREFETCH.load(Relaxed) && !p.range().any(|j| matches!(p.state(j).loc(), Loc::Device(_))) {
+        readahead::home_after(region, block_base(addr));
+    }
     // SAFETY: `vmf` is the live fault descriptor of a GMEM VMA.
     let vma = unsafe { (*vmf).__bindgen_anon_1.vma };
     for st in steps[..out.done].iter().filter(|st| st.i != i && st.a.map_cpu) {
@@ -106,6 +118,19 @@ pub(crate) fn cpu_fault(
     // SAFETY: `vmf` is the live fault descriptor; the page belongs to the region, which
     // keeps it until it zaps this mapping (all under the block lock we hold).
     Ok(unsafe { bindings::vmf_insert_page_mkwrite(vmf, page.as_ptr(), true) })
+}
+
+/// The pages of page `i`'s block that are home but not mapped by the CPU (read ahead or
+/// evicted), without duplicates or advice: a CPU fault on one maps them all.
+fn map_around(r: &Region, p: &Pages, i: usize, out: &mut KVec<usize>) -> Result {
+    let advice = *r.advice.lock();
+    for j in p.range().filter(|&j| j != i) {
+        let s = p.state(j);
+        if s.loc() == Loc::Host && !s.cpu_mapped() && s.dup_mask() == 0 && advice.get(j as u64) == 0 {
+            out.push(j, GFP_KERNEL)?;
+        }
+    }
+    Ok(())
 }
 
 /// Device fault: services a coalesced, sorted batch of page addresses of `space` for

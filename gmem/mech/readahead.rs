@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: GPL-2.0
 //! Read-ahead: a device streaming through a region gets its next 2 MiB block fetched in
 //! the background while it computes on the current one, so that its copies overlap the
-//! device's work instead of following it.
+//! device's work instead of following it. The CPU gets the same on its way back
+//! ([`home_after`], at the end of this file).
 //!
 //! - When: a device fault batch left its block wholly resident on the device
 //!   (`policy::prefetch::read_ahead`; the density rule, `prefetch.rs`, fetched the rest).
@@ -13,8 +14,12 @@
 //!   evicts, and stops where the device is full.
 //! - The marker: read-ahead pages are *not* mapped on the device. The device's first
 //!   touch of the block faults, finds the pages resident (the fault only maps them), and
-//!   that fault reads the following block ahead, so a stream keeps one block in flight
-//!   ahead of the device, as the page cache's `PG_readahead` mark does for files.
+//!   that fault asks for read-ahead again, as the page cache's `PG_readahead` mark does
+//!   for files.
+//! - How far: up to [`DEPTH`] blocks past the block of the fault that last asked
+//!   (`Device::stream_at`). The worker goes on to the next block by itself while that
+//!   holds, so the link never waits for the device's next fault (one block ahead left the
+//!   link idle while the fault that queued the next block was being handled).
 //!
 //! Lifetimes: the work item owns references to the device and the region. The region's
 //! teardown marks it dead under each block's lock, and the device's unregistration marks
@@ -25,18 +30,27 @@
 //! runs on gmem's workqueue, which module unload drains.
 //! Switch off with `readahead=0` in `/sys/kernel/debug/gmem/control`.
 
-use crate::exec::migrate::Step;
+use crate::exec::migrate::{self, Env, Step};
 use crate::mech::prefetch;
 use crate::obj::device::{DevStats, Device};
 use crate::obj::region::{Region, BLOCK_BYTES, BLOCK_PAGES};
+use crate::obj::space::Space;
 use crate::obj::{tune, wq};
-use crate::policy::page_state::{transition, Actions, Event, Target};
+use crate::policy::page_state::{transition, Actions, Event, Loc, Target};
 use core::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use kernel::{
     prelude::*,
     sync::Arc,
-    workqueue::{impl_has_work, new_work, Work, WorkItem},
+    workqueue::{impl_has_work, new_work, RawWorkItem, Work, WorkItem},
 };
+
+/// How many blocks read-ahead runs ahead of the block of its reader's last fault.
+pub(crate) const DEPTH: usize = 2;
+
+/// Whether the block at `next` lies at most [`DEPTH`] blocks after the one at `at`.
+fn within_depth(next: usize, at: usize) -> bool {
+    next > at && next - at <= DEPTH * BLOCK_BYTES
+}
 
 /// One queued read-ahead: the block at `block_va` of `region`, for `dev`.
 #[pin_data]
@@ -57,6 +71,14 @@ impl WorkItem for ReadAhead {
 
     fn run(this: Arc<ReadAhead>) {
         this.fetch();
+        // Keep going while the device's stream is near (the flag stays taken).
+        let (dev, r) = (&this.dev, &this.region);
+        if let Some(next) = this.block_va.checked_add(BLOCK_BYTES) {
+            let near = within_depth(next, dev.stream_at.load(Relaxed));
+            if near && tune::READAHEAD.load(Relaxed) && dev.alive() && !r.is_dead() && queue(dev, r, next) {
+                return;
+            }
+        }
         this.dev.reading_ahead.store(false, Release);
     }
 }
@@ -71,19 +93,40 @@ pub(crate) fn after(dev: &Arc<Device>, r: &Arc<Region>, block_va: usize) {
     if r.index(next).is_none() {
         return;
     }
+    dev.stream_at.store(block_va, Relaxed);
     if dev.reading_ahead.compare_exchange(false, true, Acquire, Relaxed).is_err() {
         return;
     }
-    let item = Arc::pin_init(
-        pin_init!(ReadAhead { dev: dev.clone(), region: r.clone(), block_va: next, work <- new_work!("gmem_readahead") }),
+    if !queue(dev, r, next) {
+        dev.reading_ahead.store(false, Release);
+    }
+}
+
+/// Queues the read-ahead of the block at `block_va` of `r` for `dev` (whose
+/// `reading_ahead` the caller holds); false if it could not be queued.
+fn queue(dev: &Arc<Device>, r: &Arc<Region>, block_va: usize) -> bool {
+    if r.index(block_va).is_none() {
+        return false;
+    }
+    enqueue(Arc::pin_init(
+        pin_init!(ReadAhead { dev: dev.clone(), region: r.clone(), block_va, work <- new_work!("gmem_readahead") }),
         GFP_KERNEL,
-    );
+    ))
+}
+
+/// Queues a freshly made work item on gmem's workqueue; false if it could not be made or
+/// there is no queue.
+fn enqueue<T>(item: Result<Arc<T>>) -> bool
+where
+    Arc<T>: RawWorkItem<0> + Send + 'static,
+{
     match (item, wq::get()) {
         // A fresh work item cannot be queued already.
         (Ok(item), Some(q)) => {
             let _ = q.enqueue(item);
+            true
         }
-        _ => dev.reading_ahead.store(false, Release),
+        _ => false,
     }
 }
 
@@ -121,5 +164,113 @@ impl ReadAhead {
         }
         let n = prefetch::speculate(dev, r, vma, &mut p, &steps);
         DevStats::add(&dev.stats.readahead, n);
+    }
+}
+
+/// One queued read-ahead to the host: the device pages of the block at `block_va` of
+/// `region` come home for the CPU.
+///
+/// - When: a CPU fault left its block with nothing on a device (fault-around,
+///   `prefetch::cpu_window`, brought the rest home): the CPU streams through the region
+///   home, so its next block is brought home while the CPU works on this one. One per
+///   region is queued or running at a time (`Region::homing_ahead`).
+/// - What: every unadvised, unpinned page of the next block held by a device, without a
+///   duplicate, by the PREFETCH-to-host transition, in one executor batch. The pages come
+///   home unmapped: the CPU's first touch of the block faults, maps the block's host pages
+///   at once (`fault::cpu_fault`'s map-around) and reads the following block ahead.
+/// - Lifetimes: the work item owns a reference to the region (and through it the space).
+///   Teardown marks the region dead under each block's lock, which the worker checks
+///   under the block lock; devices are reached only through the executor, which enters
+///   their callback sections. It takes the mm only through `Space::mm_user_while_used`
+///   (nothing for an exiting process) and no mmap lock: a move home revokes no CPU
+///   mapping (the CPU maps no device page), as eviction does not. gmem's workqueue is
+///   drained at module unload.
+#[pin_data]
+pub(crate) struct HomeAhead {
+    region: Arc<Region>,
+    block_va: usize,
+    #[pin]
+    work: Work<HomeAhead>,
+}
+
+impl_has_work! {
+    impl HasWork<Self> for HomeAhead { self.work }
+}
+
+impl WorkItem for HomeAhead {
+    type Pointer = Arc<HomeAhead>;
+
+    fn run(this: Arc<HomeAhead>) {
+        this.fetch();
+        // Keep going while the CPU's stream is near (the flag stays taken).
+        let r = &this.region;
+        if let Some(next) = this.block_va.checked_add(BLOCK_BYTES) {
+            let near = within_depth(next, r.cpu_at.load(Relaxed));
+            if near && tune::READAHEAD.load(Relaxed) && !r.is_dead() && queue_home(r, next) {
+                return;
+            }
+        }
+        r.homing_ahead.store(false, Release);
+    }
+}
+
+/// Queues a read-ahead to the host of the block after the one at `block_va` (2 MiB
+/// aligned) of `r`, if that block lies in `r` and has been touched, read-ahead is on, and
+/// none is queued for `r` already.
+pub(crate) fn home_after(r: &Arc<Region>, block_va: usize) {
+    if !tune::READAHEAD.load(Relaxed) {
+        return;
+    }
+    let Some(next) = block_va.checked_add(BLOCK_BYTES) else { return };
+    r.cpu_at.store(block_va, Relaxed);
+    if r.homing_ahead.compare_exchange(false, true, Acquire, Relaxed).is_err() {
+        return;
+    }
+    if !queue_home(r, next) {
+        r.homing_ahead.store(false, Release);
+    }
+}
+
+/// Queues the read-ahead to the host of the block at `block_va` of `r` (whose
+/// `homing_ahead` the caller holds); false if that block lies outside `r`, was never
+/// touched (it holds nothing on a device), or the item could not be queued.
+fn queue_home(r: &Arc<Region>, block_va: usize) -> bool {
+    let Some(first) = r.index(block_va) else { return false };
+    if r.block_if_any(first).is_none() {
+        return false;
+    }
+    enqueue(Arc::pin_init(
+        pin_init!(HomeAhead { region: r.clone(), block_va, work <- new_work!("gmem_homeahead") }),
+        GFP_KERNEL,
+    ))
+}
+
+impl HomeAhead {
+    fn fetch(&self) {
+        let r = &self.region;
+        // Not for a process that is exiting (nobody else uses its address space).
+        let Some(_mm) = r.space.mm_user_while_used(0) else { return };
+        let Some(first) = r.index(self.block_va) else { return };
+        let Some(block) = r.block_if_any(first) else { return };
+        let mut p = r.lock(&block);
+        if r.is_dead() {
+            return;
+        }
+        let advice = *r.advice.lock();
+        let Ok(mut steps) = KVec::<Step>::with_capacity(BLOCK_PAGES, GFP_KERNEL) else { return };
+        for i in p.range() {
+            let s = p.state(i);
+            // Advice decides placement for advised pages; duplicates are devices' reads.
+            if advice.get(i as u64) != 0 || !matches!(s.loc(), Loc::Device(_)) || s.dup_mask() != 0 {
+                continue;
+            }
+            let Ok((next, a)) = transition(s, Event::Prefetch { to: Target::Host }) else { continue };
+            // Capacity reserved above.
+            let _ = steps.push(Step { i, prev: s, next, a }, GFP_NOWAIT);
+        }
+        if !steps.is_empty() {
+            let out = migrate::apply_batch(&Env::background(r), &mut p, &steps);
+            Space::add(&r.space.stats.home_ahead, out.done as u64);
+        }
     }
 }

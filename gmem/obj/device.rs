@@ -433,6 +433,9 @@ pub(crate) struct Device {
     alive: AtomicBool,
     /// A read-ahead of this device is queued or running (`mech/readahead.rs`: one at a time).
     pub(crate) reading_ahead: AtomicBool,
+    /// The block (2 MiB-aligned address) of the device fault that last asked for a
+    /// read-ahead: read-ahead keeps going while it is within `readahead::DEPTH` blocks of it.
+    pub(crate) stream_at: core::sync::atomic::AtomicUsize,
     /// Round-robin cursor over the copy channels (`next_channel`).
     chan_rr: AtomicU32,
     /// Link bandwidths the driver reported (`gmem_dev_set_links`), MB/s, 0 unknown:
@@ -517,6 +520,7 @@ impl Device {
                 drv,
                 alive: AtomicBool::new(true),
                 reading_ahead: AtomicBool::new(false),
+                stream_at: core::sync::atomic::AtomicUsize::new(0),
                 chan_rr: AtomicU32::new(0),
                 links: [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)],
                 gone: AtomicBool::new(false),

@@ -248,6 +248,12 @@ pub(crate) struct Region {
     /// Set once the region is torn down: every later fault gets SIGBUS / EFAULT. Checked
     /// under a block lock; teardown sets it before it empties the blocks one by one.
     dead: AtomicBool,
+    /// A read-ahead of this region's device pages to the host is queued or running
+    /// (`mech/readahead.rs`): one at a time.
+    pub(crate) homing_ahead: AtomicBool,
+    /// The block (2 MiB-aligned address) of the CPU fault that last asked for a read-ahead
+    /// to the host; it keeps going while within `readahead::DEPTH` blocks of it.
+    pub(crate) cpu_at: core::sync::atomic::AtomicUsize,
     /// Page offset of `start` within its 2 MiB virtual block (blocks are VA-aligned).
     skew: usize,
     /// Advice per page range (a leaf lock).
@@ -280,6 +286,8 @@ impl Region {
                 npages,
                 space,
                 dead: AtomicBool::new(false),
+                homing_ahead: AtomicBool::new(false),
+                cpu_at: core::sync::atomic::AtomicUsize::new(0),
                 skew,
                 advice <- new_mutex!(advice, "gmem_region_advice"),
                 dir <- new_mutex!(Dir { slots }, "gmem_region_dir"),

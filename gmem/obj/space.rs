@@ -38,6 +38,8 @@ pub(crate) struct SpaceStats {
     pub(crate) cpu_zaps: AtomicU64,
     /// Block-lock acquisitions (`Region::lock`).
     pub(crate) block_locks: AtomicU64,
+    /// Pages brought home by read-ahead for the CPU (`mech/readahead.rs`).
+    pub(crate) home_ahead: AtomicU64,
 }
 
 /// A device's context in a space, with the device it belongs to.

@@ -5,7 +5,7 @@
 //! report the first error of any lane, and leave nothing running behind the call or behind
 //! the region's teardown.
 
-use crate::harness::{open, words, TestResult};
+use crate::harness::{open, space_stat, words, TestResult};
 use crate::t_overcommit::{control, counter};
 use crate::{ensure, expect_errno, ok};
 use libgmem::sim::checksum;
@@ -74,6 +74,45 @@ fn stream_reads_the_next_block_ahead() -> TestResult {
     Ok(())
 }
 
+/// The CPU reading back 8 MiB the device wrote: with read-ahead on, blocks after the first
+/// come home ahead of the CPU (counted in the space's `home_ahead`), each block costs the
+/// CPU a few faults at most (map-around maps a block brought home at once), and the CPU
+/// reads exactly what the device wrote; with `readahead=0` nothing comes home ahead.
+fn cpu_stream_reads_home_ahead() -> TestResult {
+    let (g, s) = open()?;
+    const LEN: usize = 4 * BLOCK;
+    for (on, seed) in [(true, 0x0c33_0000u32), (false, 0x0d44_0000)] {
+        control(if on { "readahead=1" } else { "readahead=0" })?;
+        let res = (|| -> TestResult {
+            let r = ok!(g.alloc((LEN + BLOCK) as u64));
+            let pages = r.pages() as u64;
+            let a = r.addr.next_multiple_of(BLOCK as u64);
+            let first = ((a - r.addr) / 4) as usize;
+            ok!(s.fill(a, LEN as u64, seed));
+            let q = ok!(g.query(a, LEN / 4096));
+            ensure!(q.iter().all(|&w| q_loc(w) == GMEM_LOC_DEVICE), "the device's writes are not on the device");
+            let (ahead0, faults0) = (space_stat(pages, "home_ahead")?, space_stat(pages, "cpu_faults")?);
+            let w = words(&r);
+            let bad = (0..LEN / 4).find(|&i| w[first + i] != seed.wrapping_add(i as u32));
+            ensure!(bad.is_none(), "readahead={}: the CPU reads other data at word {bad:?}", u8::from(on));
+            let ahead = space_stat(pages, "home_ahead")? - ahead0;
+            let faults = space_stat(pages, "cpu_faults")? - faults0;
+            if on {
+                ensure!(ahead >= 512, "a 4-block stream home read {ahead} pages ahead");
+                ensure!(faults <= 64, "{faults} CPU faults for 4 blocks");
+            } else {
+                ensure!(ahead == 0, "readahead=0 still read {ahead} pages home ahead");
+            }
+            let q = ok!(g.query(a, LEN / 4096));
+            ensure!(q.iter().all(|&w| q_loc(w) == GMEM_LOC_HOST), "a page read by the CPU is not home");
+            Ok(())
+        })();
+        control("readahead=1")?;
+        res?;
+    }
+    Ok(())
+}
+
 /// Read-ahead racing with the region's end: streams over the head of a region and frees
 /// it at once, many times, while the read-ahead of the next block may be queued or
 /// running; then the same with the process exiting instead. Nothing may crash or leak (the
@@ -89,6 +128,14 @@ fn readahead_races_free_and_exit() -> TestResult {
         // The first whole block: its fault reads the second ahead.
         let a = r.addr.next_multiple_of(BLOCK as u64);
         ok!(s.checksum(a, BLOCK as u64));
+        if k % 2 == 1 {
+            // The way back: the device writes the blocks, the CPU reads the first one, so
+            // the next ones are read home ahead while the region goes.
+            ok!(s.fill(r.addr, r.len as u64, k));
+            let w = words(&r);
+            let off = ((a - r.addr) / 4) as usize;
+            ensure!(w[off] == k.wrapping_add(off as u32), "round {k}: the CPU reads other data");
+        }
         drop(r);
     }
     for k in 0..4u32 {
@@ -101,6 +148,10 @@ fn readahead_races_free_and_exit() -> TestResult {
             let a = r.addr.next_multiple_of(BLOCK as u64);
             if s.checksum(a, BLOCK as u64).is_err() {
                 return 4;
+            }
+            // Odd rounds: the CPU reads back what the device wrote (read home ahead).
+            if k % 2 == 1 && (s.fill(r.addr, r.len as u64, k).is_err() || words(&r)[0] != k) {
+                return 5;
             }
             // Exit with the read-ahead in flight (the region is torn down by exit_mmap).
             std::mem::forget(r);
@@ -167,6 +218,7 @@ pub fn tests() -> Vec<crate::harness::Test> {
     vec![
         Test { name: "ahead_stream_reads_the_next_block_ahead", f: stream_reads_the_next_block_ahead },
         Test { name: "ahead_readahead_races_free_and_exit", f: readahead_races_free_and_exit },
+        Test { name: "ahead_cpu_stream_reads_home_ahead", f: cpu_stream_reads_home_ahead },
         Test { name: "ahead_prefetch_lanes_are_exact_and_fail_cleanly", f: prefetch_lanes_are_exact_and_fail_cleanly },
     ]
 }
