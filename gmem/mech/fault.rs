@@ -105,19 +105,51 @@ pub(crate) fn cpu_fault(
     }
     // SAFETY: `vmf` is the live fault descriptor of a GMEM VMA.
     let vma = unsafe { (*vmf).__bindgen_anon_1.vma };
+    let mut run: KVec<*mut bindings::page> = KVec::new();
+    let mut at = 0;
     for st in steps[..out.done].iter().filter(|st| st.i != i && st.a.map_cpu) {
         let Some(pg) = p.host(st.i) else { continue };
-        // A page that cannot be mapped now (its state says mapped) faults later and is
-        // mapped then; nothing is lost.
-        // SAFETY: the VMA is live and VM_MIXEDMAP (set at mmap) with the mmap or VMA lock
-        // held by the fault; the page belongs to the region, which keeps it until it zaps
-        // this mapping (under the block lock we hold).
-        let _ = unsafe { bindings::vm_insert_page(vma, region.va(st.i) as c_ulong, pg.as_ptr()) };
+        if !run.is_empty() && st.i != at + run.len() {
+            insert_run(vma, region, at, &run);
+            run.clear();
+        }
+        if run.is_empty() {
+            at = st.i;
+        }
+        if run.push(pg.as_ptr(), GFP_KERNEL).is_err() {
+            // No room for the batch: this page alone.
+            insert_run(vma, region, st.i, &[pg.as_ptr()]);
+            at = st.i + 1;
+        }
     }
+    insert_run(vma, region, at, &run);
     let page = p.host(i).ok_or(EFAULT)?;
     // SAFETY: `vmf` is the live fault descriptor; the page belongs to the region, which
     // keeps it until it zaps this mapping (all under the block lock we hold).
     Ok(unsafe { bindings::vmf_insert_page_mkwrite(vmf, page.as_ptr(), true) })
+}
+
+/// Maps the host pages `pages` of `region`, consecutive from page `first`, in the CPU
+/// fault's `vma` (one `vm_insert_pages` call: one page-table lock per 2 MiB). A page that
+/// cannot be mapped now (its state says mapped) faults later and is mapped then; nothing
+/// is lost.
+fn insert_run(vma: *mut bindings::vm_area_struct, region: &Region, first: usize, pages: &[*mut bindings::page]) {
+    let mut done = 0;
+    while done < pages.len() {
+        let mut left = (pages.len() - done) as c_ulong;
+        let va = region.va(first + done) as c_ulong;
+        // SAFETY: the VMA is live and VM_MIXEDMAP (set at mmap) with the mmap or VMA lock
+        // held by the fault; the range lies in the region, hence in the VMA; the pages
+        // belong to the region, which keeps them until it zaps these mappings (under the
+        // block lock the caller holds). The kernel only reads the array.
+        let r = unsafe { bindings::vm_insert_pages(vma, va, pages[done..].as_ptr().cast_mut(), &mut left) };
+        // `left` pages were not mapped: the first of them failed (already mapped, say).
+        let mapped = pages.len() - done - left as usize;
+        done += mapped + usize::from(r != 0);
+        if r == 0 {
+            break;
+        }
+    }
 }
 
 /// The pages of page `i`'s block that are home but not mapped by the CPU (read ahead or

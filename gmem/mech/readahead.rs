@@ -37,7 +37,10 @@ use crate::obj::region::{Region, BLOCK_BYTES, BLOCK_PAGES};
 use crate::obj::space::Space;
 use crate::obj::{tune, wq};
 use crate::policy::page_state::{transition, Actions, Event, Loc, Target};
-use core::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use core::sync::atomic::{
+    AtomicBool,
+    Ordering::{Acquire, Relaxed, Release},
+};
 use kernel::{
     prelude::*,
     sync::Arc,
@@ -172,8 +175,10 @@ impl ReadAhead {
 ///
 /// - When: a CPU fault left its block with nothing on a device (fault-around,
 ///   `prefetch::cpu_window`, brought the rest home): the CPU streams through the region
-///   home, so its next block is brought home while the CPU works on this one. One per
-///   region is queued or running at a time (`Region::homing_ahead`).
+///   home, so its next [`DEPTH`] blocks are brought home while the CPU works on this one,
+///   each on its own lane (`Region::homing_ahead`: consecutive blocks on different lanes,
+///   one block at a time per lane): while one lane allocates host pages or commits, the
+///   other's copies keep the link busy.
 /// - What: every unadvised, unpinned page of the next block held by a device, without a
 ///   duplicate, by the PREFETCH-to-host transition, in one executor batch. The pages come
 ///   home unmapped: the CPU's first touch of the block faults, maps the block's host pages
@@ -202,37 +207,44 @@ impl WorkItem for HomeAhead {
 
     fn run(this: Arc<HomeAhead>) {
         this.fetch();
-        // Keep going while the CPU's stream is near (the flag stays taken).
+        // Keep going on this lane while the CPU's stream is near (the flag stays taken).
         let r = &this.region;
-        if let Some(next) = this.block_va.checked_add(BLOCK_BYTES) {
+        let lanes = r.homing_ahead.len();
+        if let Some(next) = lanes.checked_mul(BLOCK_BYTES).and_then(|d| this.block_va.checked_add(d)) {
             let near = within_depth(next, r.cpu_at.load(Relaxed));
             if near && tune::READAHEAD.load(Relaxed) && !r.is_dead() && queue_home(r, next) {
                 return;
             }
         }
-        r.homing_ahead.store(false, Release);
+        lane(r, this.block_va).store(false, Release);
     }
 }
 
-/// Queues a read-ahead to the host of the block after the one at `block_va` (2 MiB
-/// aligned) of `r`, if that block lies in `r` and has been touched, read-ahead is on, and
-/// none is queued for `r` already.
+/// The lane flag of the block at `block_va` of `r`.
+fn lane(r: &Region, block_va: usize) -> &AtomicBool {
+    let n = r.homing_ahead.len();
+    &r.homing_ahead[(block_va / BLOCK_BYTES) % n]
+}
+
+/// Queues read-ahead to the host of the [`DEPTH`] blocks after the one at `block_va`
+/// (2 MiB aligned) of `r`, each if it lies in `r` and has been touched, read-ahead is on,
+/// and its lane is free.
 pub(crate) fn home_after(r: &Arc<Region>, block_va: usize) {
     if !tune::READAHEAD.load(Relaxed) {
         return;
     }
-    let Some(next) = block_va.checked_add(BLOCK_BYTES) else { return };
     r.cpu_at.store(block_va, Relaxed);
-    if r.homing_ahead.compare_exchange(false, true, Acquire, Relaxed).is_err() {
-        return;
-    }
-    if !queue_home(r, next) {
-        r.homing_ahead.store(false, Release);
+    for k in 1..=DEPTH {
+        let Some(next) = k.checked_mul(BLOCK_BYTES).and_then(|d| block_va.checked_add(d)) else { return };
+        let flag = lane(r, next);
+        if flag.compare_exchange(false, true, Acquire, Relaxed).is_ok() && !queue_home(r, next) {
+            flag.store(false, Release);
+        }
     }
 }
 
-/// Queues the read-ahead to the host of the block at `block_va` of `r` (whose
-/// `homing_ahead` the caller holds); false if that block lies outside `r`, was never
+/// Queues the read-ahead to the host of the block at `block_va` of `r` (whose lane flag
+/// the caller holds); false if that block lies outside `r`, was never
 /// touched (it holds nothing on a device), or the item could not be queued.
 fn queue_home(r: &Arc<Region>, block_va: usize) -> bool {
     let Some(first) = r.index(block_va) else { return false };

@@ -249,8 +249,9 @@ pub(crate) struct Region {
     /// under a block lock; teardown sets it before it empties the blocks one by one.
     dead: AtomicBool,
     /// A read-ahead of this region's device pages to the host is queued or running
-    /// (`mech/readahead.rs`): one at a time.
-    pub(crate) homing_ahead: AtomicBool,
+    /// (`mech/readahead.rs`), per lane: blocks alternate between the two lanes by their
+    /// index, so two consecutive blocks come home at once, one at a time per lane.
+    pub(crate) homing_ahead: [AtomicBool; 2],
     /// The block (2 MiB-aligned address) of the CPU fault that last asked for a read-ahead
     /// to the host; it keeps going while within `readahead::DEPTH` blocks of it.
     pub(crate) cpu_at: core::sync::atomic::AtomicUsize,
@@ -286,7 +287,7 @@ impl Region {
                 npages,
                 space,
                 dead: AtomicBool::new(false),
-                homing_ahead: AtomicBool::new(false),
+                homing_ahead: [AtomicBool::new(false), AtomicBool::new(false)],
                 cpu_at: core::sync::atomic::AtomicUsize::new(0),
                 skew,
                 advice <- new_mutex!(advice, "gmem_region_advice"),

@@ -30,7 +30,8 @@
 //!   home and makes it clean again. Migrations between devices (`D2D`, `EvictTo`) keep the
 //!   clean/dirty status and the host page.
 //! - A page evicted to a peer (`EvictTo`) is *parked* there: its owner is the peer, which
-//!   does not use it. A device read fault on a parked page copies it over and keeps the
+//!   does not use it. A device read fault on a parked page, or a PREFETCH of it to a
+//!   device (read-ahead included; not a pin), copies it over and keeps the
 //!   peer's frame as a read-only duplicate ([`Actions::owner_to_dup`]): a backing copy, as
 //!   the host page of a clean page is one. Evicting the page to that peer again promotes
 //!   the duplicate back to owner without a copy ([`Actions::dup_to_owner`]); a write drops
@@ -694,7 +695,11 @@ fn dev_fault(
 /// Moves the data to `to` without mapping it anywhere (no `map_dev`, no `map_cpu`): the
 /// next access faults and only installs a mapping. A no-op if the data is already there.
 /// Refused on a lost page: there is no data to move, and a zero fill would hide the loss.
-fn prefetch(f: Fields, to: Target, a: &mut Actions) -> Result<Fields, Refused> {
+///
+/// With `unpark_it`, a page parked on a peer keeps its parked copy there (as a read fault
+/// does): PREFETCH and read-ahead fetch what the device is about to read. A pin does not:
+/// a pinned page never leaves, so a backing copy would only hold the peer's frame.
+fn prefetch(f: Fields, to: Target, unpark_it: bool, a: &mut Actions) -> Result<Fields, Refused> {
     let n = match (f.loc, to) {
         (Loc::Lost, _) => return Err(Refused::Lost),
         (Loc::None, Target::Host) => {
@@ -712,6 +717,7 @@ fn prefetch(f: Fields, to: Target, a: &mut Actions) -> Result<Fields, Refused> {
         (Loc::Device(o), Target::Device(d)) if o == d => f,
         (Loc::Device(_), _) if f.pinned => return Err(Refused::Pinned),
         (Loc::Device(o), Target::Host) => dev_to_host(f, o, a),
+        (Loc::Device(o), Target::Device(d)) if unpark_it && f.parked && f.dup & bit(d) == 0 => unpark(f, o, d, a),
         (Loc::Device(o), Target::Device(d)) => dev_to_dev(f, o, d, a),
     };
     // A page moved to a device is mapped there too, so the device does not fault on it.
@@ -748,7 +754,7 @@ pub fn transition(s: PageState, e: Event) -> Result<(PageState, Actions), Refuse
             if let Target::Device(d) = to {
                 check_dev(d)?;
             }
-            prefetch(f, to, &mut a)?
+            prefetch(f, to, true, &mut a)?
         }
         Event::Pin { dev } => {
             check_dev(dev)?;
@@ -756,7 +762,7 @@ pub fn transition(s: PageState, e: Event) -> Result<(PageState, Actions), Refuse
                 return Err(Refused::PinnedElsewhere);
             }
             // `prefetch` refuses a lost page (never pinned, so it gets past the check above).
-            Fields { pinned: true, ..prefetch(f, Target::Device(dev), &mut a)? }
+            Fields { pinned: true, ..prefetch(f, Target::Device(dev), false, &mut a)? }
         }
         Event::Unpin => Fields { pinned: false, ..f },
         Event::DontNeed if f.pinned => return Err(Refused::Pinned),
@@ -1020,6 +1026,11 @@ mod tests {
         assert_eq!((w.dup_mask(), a.free_dup_frames, a.map_dev), (0, 1 << 2, RW(0)));
         let (w, a) = go(p, dev_fault(0, true));
         assert_eq!((w.dup_mask(), a.owner_to_dup, a.free_frame), (0, None, Some(2)));
+        // PREFETCH (and read-ahead) keeps the peer copy too; a pin does not.
+        let (f, a) = go(p, Event::Prefetch { to: Target::Device(0) });
+        assert_eq!((f.loc(), f.dup_mask(), a.owner_to_dup, a.map_dev), (Loc::Device(0), 1 << 2, Some(2), RO(0)));
+        let (f, a) = go(p, Event::Pin { dev: 0 });
+        assert_eq!((f.loc(), f.dup_mask(), a.owner_to_dup, a.free_frame), (Loc::Device(0), 0, None, Some(2)));
         // The peer using the page itself ends the parking (then a read elsewhere moves it).
         let (u, _) = go(p, dev_fault(2, false));
         assert!(!u.parked());
