@@ -6,9 +6,11 @@
 //!
 //! - When: a device fault batch left its block wholly resident on the device
 //!   (`policy::prefetch::read_ahead`; the density rule, `prefetch.rs`, fetched the rest).
-//!   The next block of the same region is then queued on gmem's workqueue. One read-ahead
-//!   per device is queued or running at a time (`Device::reading_ahead`); a fault that
-//!   finds one busy starts none.
+//!   The next [`DEPTH`] blocks of the same region are then queued on gmem's workqueue,
+//!   each on its lane (`Device::reading_ahead`: consecutive blocks on different lanes, one
+//!   block at a time per lane; a busy lane starts nothing). Two blocks thus come in at
+//!   once: while one lane allocates frames or commits, the other's copies keep the link
+//!   busy (one worker alone left the link idle about a quarter of the time).
 //! - What: every page of the next block that advice leaves alone, by the PREFETCH
 //!   transition, in one executor batch. Like density prefetch it is a bet: it never
 //!   evicts, and stops where the device is full.
@@ -17,9 +19,9 @@
 //!   that fault asks for read-ahead again, as the page cache's `PG_readahead` mark does
 //!   for files.
 //! - How far: up to [`DEPTH`] blocks past the block of the fault that last asked
-//!   (`Device::stream_at`). The worker goes on to the next block by itself while that
-//!   holds, so the link never waits for the device's next fault (one block ahead left the
-//!   link idle while the fault that queued the next block was being handled).
+//!   (`Device::stream_at`). A lane goes on to its next block by itself while that holds,
+//!   so the link does not wait for the device's next fault (one block ahead left the link
+//!   idle while the fault that queued the next block was being handled).
 //!
 //! Lifetimes: the work item owns references to the device and the region. The region's
 //! teardown marks it dead under each block's lock, and the device's unregistration marks
@@ -55,6 +57,36 @@ fn within_depth(next: usize, at: usize) -> bool {
     next > at && next - at <= DEPTH * BLOCK_BYTES
 }
 
+/// The lane flag of the block at `block_va` among `lanes`.
+fn lane(lanes: &[AtomicBool; 2], block_va: usize) -> &AtomicBool {
+    &lanes[(block_va / BLOCK_BYTES) % lanes.len()]
+}
+
+/// Queues, with `queue`, each of the [`DEPTH`] blocks after the one at `block_va` whose
+/// lane is free (the lane is taken for it, and given back if `queue` fails).
+fn ahead(lanes: &[AtomicBool; 2], block_va: usize, mut queue: impl FnMut(usize) -> bool) {
+    for k in 1..=DEPTH {
+        let Some(next) = k.checked_mul(BLOCK_BYTES).and_then(|d| block_va.checked_add(d)) else { return };
+        let flag = lane(lanes, next);
+        if flag.compare_exchange(false, true, Acquire, Relaxed).is_ok() && !queue(next) {
+            flag.store(false, Release);
+        }
+    }
+}
+
+/// A lane's worker is done with the block at `block_va`: it queues the lane's next block
+/// with `queue` if `go_on` says the reader (last seen at block `at`) is near enough, and
+/// otherwise gives the lane back.
+fn lane_done(lanes: &[AtomicBool; 2], block_va: usize, at: usize, go_on: bool, queue: impl FnOnce(usize) -> bool) {
+    let next = lanes.len().checked_mul(BLOCK_BYTES).and_then(|d| block_va.checked_add(d));
+    if let Some(next) = next.filter(|&n| go_on && within_depth(n, at)) {
+        if queue(next) {
+            return;
+        }
+    }
+    lane(lanes, block_va).store(false, Release);
+}
+
 /// One queued read-ahead: the block at `block_va` of `region`, for `dev`.
 #[pin_data]
 pub(crate) struct ReadAhead {
@@ -74,39 +106,25 @@ impl WorkItem for ReadAhead {
 
     fn run(this: Arc<ReadAhead>) {
         this.fetch();
-        // Keep going while the device's stream is near (the flag stays taken).
         let (dev, r) = (&this.dev, &this.region);
-        if let Some(next) = this.block_va.checked_add(BLOCK_BYTES) {
-            let near = within_depth(next, dev.stream_at.load(Relaxed));
-            if near && tune::READAHEAD.load(Relaxed) && dev.alive() && !r.is_dead() && queue(dev, r, next) {
-                return;
-            }
-        }
-        this.dev.reading_ahead.store(false, Release);
+        let go_on = tune::READAHEAD.load(Relaxed) && dev.alive() && !r.is_dead();
+        lane_done(&dev.reading_ahead, this.block_va, dev.stream_at.load(Relaxed), go_on, |next| queue(dev, r, next));
     }
 }
 
-/// Queues a read-ahead of the block after the one at `block_va` (2 MiB aligned) of `r` for
-/// `dev`, if that block lies in `r`, read-ahead is on, and `dev` has none queued already.
+/// Queues read-ahead of the [`DEPTH`] blocks after the one at `block_va` (2 MiB aligned) of
+/// `r` for `dev`, each if it lies in `r`, read-ahead is on, and its lane is free.
 pub(crate) fn after(dev: &Arc<Device>, r: &Arc<Region>, block_va: usize) {
     if !tune::READAHEAD.load(Relaxed) || !dev.alive() {
         return;
     }
-    let Some(next) = block_va.checked_add(BLOCK_BYTES) else { return };
-    if r.index(next).is_none() {
-        return;
-    }
     dev.stream_at.store(block_va, Relaxed);
-    if dev.reading_ahead.compare_exchange(false, true, Acquire, Relaxed).is_err() {
-        return;
-    }
-    if !queue(dev, r, next) {
-        dev.reading_ahead.store(false, Release);
-    }
+    ahead(&dev.reading_ahead, block_va, |next| queue(dev, r, next));
 }
 
-/// Queues the read-ahead of the block at `block_va` of `r` for `dev` (whose
-/// `reading_ahead` the caller holds); false if it could not be queued.
+/// Queues the read-ahead of the block at `block_va` of `r` for `dev` (whose lane flag
+/// the caller holds); false if that block lies outside `r` or the item could not be
+/// queued.
 fn queue(dev: &Arc<Device>, r: &Arc<Region>, block_va: usize) -> bool {
     if r.index(block_va).is_none() {
         return false;
@@ -207,23 +225,10 @@ impl WorkItem for HomeAhead {
 
     fn run(this: Arc<HomeAhead>) {
         this.fetch();
-        // Keep going on this lane while the CPU's stream is near (the flag stays taken).
         let r = &this.region;
-        let lanes = r.homing_ahead.len();
-        if let Some(next) = lanes.checked_mul(BLOCK_BYTES).and_then(|d| this.block_va.checked_add(d)) {
-            let near = within_depth(next, r.cpu_at.load(Relaxed));
-            if near && tune::READAHEAD.load(Relaxed) && !r.is_dead() && queue_home(r, next) {
-                return;
-            }
-        }
-        lane(r, this.block_va).store(false, Release);
+        let go_on = tune::READAHEAD.load(Relaxed) && !r.is_dead();
+        lane_done(&r.homing_ahead, this.block_va, r.cpu_at.load(Relaxed), go_on, |next| queue_home(r, next));
     }
-}
-
-/// The lane flag of the block at `block_va` of `r`.
-fn lane(r: &Region, block_va: usize) -> &AtomicBool {
-    let n = r.homing_ahead.len();
-    &r.homing_ahead[(block_va / BLOCK_BYTES) % n]
 }
 
 /// Queues read-ahead to the host of the [`DEPTH`] blocks after the one at `block_va`
@@ -234,13 +239,7 @@ pub(crate) fn home_after(r: &Arc<Region>, block_va: usize) {
         return;
     }
     r.cpu_at.store(block_va, Relaxed);
-    for k in 1..=DEPTH {
-        let Some(next) = k.checked_mul(BLOCK_BYTES).and_then(|d| block_va.checked_add(d)) else { return };
-        let flag = lane(r, next);
-        if flag.compare_exchange(false, true, Acquire, Relaxed).is_ok() && !queue_home(r, next) {
-            flag.store(false, Release);
-        }
-    }
+    ahead(&r.homing_ahead, block_va, |next| queue_home(r, next));
 }
 
 /// Queues the read-ahead to the host of the block at `block_va` of `r` (whose lane flag

@@ -431,8 +431,9 @@ pub(crate) struct Device {
     drv: CDriver,
     /// False once unregistering started: nothing new is placed on the device.
     alive: AtomicBool,
-    /// A read-ahead of this device is queued or running (`mech/readahead.rs`: one at a time).
-    pub(crate) reading_ahead: AtomicBool,
+    /// A read-ahead for this device is queued or running, per lane (`mech/readahead.rs`:
+    /// consecutive blocks on different lanes, one block at a time per lane).
+    pub(crate) reading_ahead: [AtomicBool; 2],
     /// The block (2 MiB-aligned address) of the device fault that last asked for a
     /// read-ahead: read-ahead keeps going while it is within `readahead::DEPTH` blocks of it.
     pub(crate) stream_at: core::sync::atomic::AtomicUsize,
@@ -519,7 +520,7 @@ impl Device {
                 nr_frames,
                 drv,
                 alive: AtomicBool::new(true),
-                reading_ahead: AtomicBool::new(false),
+                reading_ahead: [AtomicBool::new(false), AtomicBool::new(false)],
                 stream_at: core::sync::atomic::AtomicUsize::new(0),
                 chan_rr: AtomicU32::new(0),
                 links: [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)],
