@@ -10,7 +10,7 @@ use crate::exec::migrate::{self, Env};
 use crate::mech::evict::{self, Why};
 use crate::mech::{prefetch, readahead, sysmem};
 use crate::obj::device::{DevStats, Device};
-use crate::obj::region::{adv, block_base, Pages, Region, ADVICE_RUNS};
+use crate::obj::region::{adv, block_base, Pages, Region, ADVICE_RUNS, BLOCK_PAGES};
 use crate::obj::space::{Space, Thrash};
 use crate::obj::{sched, trace, tune};
 use crate::policy::batch;
@@ -208,6 +208,13 @@ pub(crate) fn device_fault(dev: &Arc<Device>, space: &Space, addrs: &[u64], writ
                 let k = (a as usize >> 12) & 511;
                 faulted[k / 64] |= 1 << (k % 64);
                 taken += 1;
+            }
+            // A batch that covers a quarter of a block or more is a stream: its next
+            // blocks start coming in now, while this one is being fetched, rather than
+            // once it is wholly resident (below), so that the link is busy from the
+            // start of the stream.
+            if taken >= BLOCK_PAGES / 4 && tune::PREFETCH.load(Relaxed) {
+                readahead::after(dev, &r, block_base(a0));
             }
             fault_pages(dev, space, &r, vma, &idx, write, d)?;
             rest = &rest[taken..];

@@ -208,6 +208,9 @@ pub struct Bench {
     pub p3_pages: usize,
     /// Bytes/s of plain libc memcpy (a second, less conservative denominator).
     pub libc_memcpy_bw: Option<f64>,
+    /// The host link bandwidth (MB/s) the link-model runs use instead of a quarter of the
+    /// measured baseline (`link=MBPS`).
+    pub link_override: Option<u64>,
 }
 
 /// One CPU copy style (see `copy`) on buffers of its own, timed on demand.
@@ -866,7 +869,7 @@ impl Bench {
             bws.push(n as f64 / base.time()? / 1e6);
         }
         bws.sort_by(f64::total_cmp);
-        Ok((((bws[1] / 4.0) as u64).max(10), bws[1]))
+        Ok((self.link_override.unwrap_or(((bws[1] / 4.0) as u64).max(10)), bws[1]))
     }
 
     /// Sets the link model of both devices: host links at `mbps`, the peer link at 4x

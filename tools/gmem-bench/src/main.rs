@@ -8,7 +8,7 @@
 //! tables. Exit status: 0 when every benchmark ran and checked its data, 1 when one failed
 //! (its entry is null and the reason is in "errors"), 2 when the JSON did not validate.
 //!
-//! usage: gmem-bench [--smoke | --quick | --full] [reps=N] [only=P1+P4+...]
+//! usage: gmem-bench [--smoke | --quick | --full] [reps=N] [only=P1+P4+...] [link=MBPS]
 //!        gmem-bench copyprobe   (30 timings of each CPU copy style: TCG's memcpy is bimodal)
 //! (words may also be comma-separated, as in the kernel command line `gmembench=quick,only=P4`)
 //! Documentation/benchmarks.rst describes every benchmark and how to read the results.
@@ -26,10 +26,13 @@ struct Args {
     mode: &'static str,
     reps: Option<usize>,
     only: Option<Vec<String>>,
+    /// `link=MBPS`: the host link of the link-model runs at this bandwidth instead of a
+    /// quarter of the measured copy baseline (for A/B runs whose baselines differ).
+    link: Option<u64>,
 }
 
 fn parse_args() -> Result<Args, String> {
-    let mut a = Args { mode: "full", reps: None, only: None };
+    let mut a = Args { mode: "full", reps: None, only: None, link: None };
     let words: Vec<String> = std::env::args()
         .skip(1)
         .flat_map(|s| s.split([',', ' ']).map(str::to_string).collect::<Vec<_>>())
@@ -43,11 +46,14 @@ fn parse_args() -> Result<Args, String> {
             None if w == "full" => a.mode = "full",
             Some(("reps", n)) => a.reps = Some(n.parse().map_err(|_| format!("bad reps '{n}'"))?),
             Some(("only", l)) => a.only = Some(l.split('+').map(|s| s.to_ascii_uppercase()).collect()),
+            Some(("link", m)) => {
+                a.link = Some(m.parse().ok().filter(|&m| m >= 10).ok_or(format!("bad link '{m}' (MB/s, >= 10)"))?)
+            }
             None if w == "copyprobe" => a.mode = "copyprobe",
             _ => {
                 return Err(format!(
-                    "unknown argument '{w}' (usage: gmem-bench [--smoke|--quick|--full] [reps=N] [only=P1+P4])"
-                ))
+                "unknown argument '{w}' (usage: gmem-bench [--smoke|--quick|--full] [reps=N] [only=P1+P4] [link=MBPS])"
+            ))
             }
         }
     }
@@ -164,6 +170,7 @@ fn setup(args: &Args) -> Result<Bench, String> {
         size: if smoke { 64 * 4096 } else { (cap * 3 / 4) as usize },
         p3_pages: if smoke { 64 } else { 2048 },
         libc_memcpy_bw: None,
+        link_override: args.link,
     })
 }
 
