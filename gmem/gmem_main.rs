@@ -56,6 +56,7 @@ mod mech {
     pub(crate) mod readahead;
     pub(crate) mod sysmem;
     pub(crate) mod teardown;
+    pub(crate) mod thrash;
 }
 
 /// The block executor.

@@ -8,15 +8,14 @@
 
 use crate::exec::migrate::{self, Env};
 use crate::mech::evict::{self, Why};
-use crate::mech::{prefetch, readahead, sysmem};
+use crate::mech::{prefetch, readahead, sysmem, thrash};
 use crate::obj::device::{DevStats, Device};
 use crate::obj::region::{adv, block_base, Pages, Region, ADVICE_RUNS, BLOCK_PAGES};
 use crate::obj::space::{Space, Thrash};
 use crate::obj::{sched, trace, tune};
 use crate::policy::batch;
-use crate::policy::page_state::{transition, Actions, Copy, Event, Loc, PageState, Refused, Target};
+use crate::policy::page_state::{transition, Actions, Event, Loc, PageState, Refused, Target};
 use crate::policy::range::AdviceMap;
-use crate::policy::thrash::Verdict;
 use core::sync::atomic::Ordering::Relaxed;
 use kernel::{bindings, ffi::c_ulong, prelude::*, sync::Arc};
 
@@ -94,7 +93,7 @@ pub(crate) fn cpu_fault(
         return Err(out.res.err().unwrap_or(EFAULT));
     }
     // Throttling is the device side's job; the CPU side only records the moves.
-    let _ = record_moves(None, &region.space, region, &steps[..out.done]);
+    let _ = thrash::record_moves(None, &region.space, region, &steps[..out.done]);
     if !a.map_cpu {
         return Err(EFAULT);
     }
@@ -105,10 +104,16 @@ pub(crate) fn cpu_fault(
     }
     // SAFETY: `vmf` is the live fault descriptor of a GMEM VMA.
     let vma = unsafe { (*vmf).__bindgen_anon_1.vma };
+    // Room for every page up front; without it, runs of one page.
     let mut run: KVec<*mut bindings::page> = KVec::new();
+    let batched = run.reserve(out.done, GFP_KERNEL).is_ok();
     let mut at = 0;
     for st in steps[..out.done].iter().filter(|st| st.i != i && st.a.map_cpu) {
         let Some(pg) = p.host(st.i) else { continue };
+        if !batched {
+            insert_run(vma, region, st.i, &[pg.as_ptr()]);
+            continue;
+        }
         if !run.is_empty() && st.i != at + run.len() {
             insert_run(vma, region, at, &run);
             run.clear();
@@ -116,11 +121,8 @@ pub(crate) fn cpu_fault(
         if run.is_empty() {
             at = st.i;
         }
-        if run.push(pg.as_ptr(), GFP_KERNEL).is_err() {
-            // No room for the batch: this page alone.
-            insert_run(vma, region, st.i, &[pg.as_ptr()]);
-            at = st.i + 1;
-        }
+        // Within the capacity reserved above (at most `out.done` pages).
+        let _ = run.push_within_capacity(pg.as_ptr());
     }
     insert_run(vma, region, at, &run);
     let page = p.host(i).ok_or(EFAULT)?;
@@ -236,38 +238,6 @@ pub(crate) fn device_fault(dev: &Arc<Device>, space: &Space, addrs: &[u64], writ
     sysmem::device_fault(dev, space, &others, write)
 }
 
-/// Records the migrations of the pages of `steps` that moved data (copies, not zero
-/// fills) in the space's thrash table, under one acquisition of its lock per batch;
-/// returns true to throttle.
-pub(crate) fn record_moves(dev: Option<&Device>, space: &Space, r: &Region, steps: &[migrate::Step]) -> bool {
-    if !tune::THRASH.load(Relaxed) {
-        return false;
-    }
-    let moved = |st: &&migrate::Step| match dev {
-        Some(_) => st.a.copy != Copy::None && !matches!(st.a.copy, Copy::ZeroDev(_)),
-        None => {
-            matches!(st.a.copy, Copy::D2H(_)) || (matches!(st.prev.loc(), Loc::Device(_)) && st.next.loc() == Loc::Host)
-        }
-    };
-    let (mut hits, mut throttle) = (0u64, false);
-    {
-        let mut t = space.thrash.lock();
-        let now = sched::now_ns();
-        for st in steps.iter().filter(moved) {
-            let v = t.moved(r.va(st.i), now);
-            hits += u64::from(!matches!(v, Verdict::Migrate));
-            throttle |= matches!(v, Verdict::Throttle);
-        }
-    }
-    if let Some(dev) = dev {
-        DevStats::add(&dev.stats.thrash_events, hits);
-        if hits != 0 {
-            trace::thrash(dev.id, hits, throttle);
-        }
-    }
-    throttle
-}
-
 /// The transition of a device access by `d` to page `i` of `r`, with the advice in force
 /// (and a page that kept bouncing treated as accessed-by: it stays on the host, mapped
 /// remotely, for a while).
@@ -340,7 +310,7 @@ fn fault_pages(
         Space::add(&space.stats.dev_faults, done.len() as u64);
         let allocs = done.iter().filter(|st| st.a.alloc_frame.is_some()).count();
         DevStats::add(&dev.stats.fault_allocs, allocs as u64);
-        let throttle = record_moves(Some(dev), space, r, done);
+        let throttle = thrash::record_moves(Some(dev), space, r, done);
         if out.done < steps.len() {
             let stuck = steps[out.done];
             match out.res {

@@ -58,7 +58,8 @@ pub(crate) fn on_fault(
         }
         let s = p.state(j);
         let Ok((next, a)) = transition(s, Event::Prefetch { to: Target::Device(d) }) else { continue };
-        if next == s && a == Actions::default() {
+        // (A transition without actions at most ends a parking: nothing to fetch.)
+        if a == Actions::default() {
             continue;
         }
         // Capacity reserved above.

@@ -5,8 +5,9 @@
 //! ([`home_after`], at the end of this file).
 //!
 //! - When: a device fault batch left its block wholly resident on the device
-//!   (`policy::prefetch::read_ahead`; the density rule, `prefetch.rs`, fetched the rest).
-//!   The next [`DEPTH`] blocks of the same region are then queued on gmem's workqueue,
+//!   (`policy::prefetch::read_ahead`; the density rule, `prefetch.rs`, fetched the rest),
+//!   or covers a quarter of a block or more (`fault::device_fault`, before its own pages
+//!   are fetched, so that the link is busy from the start of a stream). The next [`DEPTH`] blocks of the same region are then queued on gmem's workqueue,
 //!   each on its lane (`Device::reading_ahead`: consecutive blocks on different lanes, one
 //!   block at a time per lane; a busy lane starts nothing). Two blocks thus come in at
 //!   once: while one lane allocates frames or commits, the other's copies keep the link
@@ -26,14 +27,15 @@
 //! Lifetimes: the work item owns references to the device and the region. The region's
 //! teardown marks it dead under each block's lock, and the device's unregistration marks
 //! it dead before it evacuates; the worker checks both under the block lock and then does
-//! nothing. It takes the mm only through `Space::mm_user_while_used` (no fetch for an
-//! exiting process: nobody else uses its address space) and
+//! nothing. It takes the mm only through `Space::mm_for_worker` (no fetch for an exiting
+//! process: nobody but gmem's workers uses its address space; the workers' own references
+//! are counted exactly, so that lanes taking turns do not keep it alive) and
 //! the mmap lock itself, in the fault paths' order (mmap lock, then the block lock); it
 //! runs on gmem's workqueue, which module unload drains.
 //! Switch off with `readahead=0` in `/sys/kernel/debug/gmem/control`.
 
 use crate::exec::migrate::{self, Env, Step};
-use crate::mech::prefetch;
+use crate::mech::{prefetch, thrash};
 use crate::obj::device::{DevStats, Device};
 use crate::obj::region::{Region, BLOCK_BYTES, BLOCK_PAGES};
 use crate::obj::space::Space;
@@ -51,6 +53,11 @@ use kernel::{
 
 /// How many blocks read-ahead runs ahead of the block of its reader's last fault.
 pub(crate) const DEPTH: usize = 2;
+
+/// A region's identity for `Device::stream_of` (compared only, never dereferenced).
+fn region_id(r: &Arc<Region>) -> usize {
+    Arc::as_ptr(r) as usize
+}
 
 /// Whether the block at `next` lies at most [`DEPTH`] blocks after the one at `at`.
 fn within_depth(next: usize, at: usize) -> bool {
@@ -108,7 +115,11 @@ impl WorkItem for ReadAhead {
         this.fetch();
         let (dev, r) = (&this.dev, &this.region);
         let go_on = tune::READAHEAD.load(Relaxed) && dev.alive() && !r.is_dead();
-        lane_done(&dev.reading_ahead, this.block_va, dev.stream_at.load(Relaxed), go_on, |next| queue(dev, r, next));
+        // Only for the region of the device's last fault (another process may stream at
+        // nearby addresses).
+        let ours = dev.stream_of.load(Relaxed) == region_id(r);
+        let at = dev.stream_at.load(Relaxed);
+        lane_done(&dev.reading_ahead, this.block_va, at, go_on && ours, |next| queue(dev, r, next));
     }
 }
 
@@ -119,6 +130,7 @@ pub(crate) fn after(dev: &Arc<Device>, r: &Arc<Region>, block_va: usize) {
         return;
     }
     dev.stream_at.store(block_va, Relaxed);
+    dev.stream_of.store(region_id(r), Relaxed);
     ahead(&dev.reading_ahead, block_va, |next| queue(dev, r, next));
 }
 
@@ -156,7 +168,8 @@ impl ReadAhead {
         let (dev, r) = (&self.dev, &self.region);
         let d = dev.id as u8;
         // Not for a process that is exiting (nobody else uses its address space).
-        let Some(mm) = r.space.mm_user_while_used(0) else { return };
+        let Some(held) = r.space.mm_for_worker() else { return };
+        let Some(mm) = held.get() else { return };
         let mmap = mm.mmap_read_lock();
         let vma = mmap.vma_lookup(r.start).filter(|v| v.start() == r.start);
         let Some(first) = r.index(self.block_va) else { return };
@@ -174,7 +187,8 @@ impl ReadAhead {
             }
             let s = p.state(i);
             let Ok((next, mut a)) = transition(s, Event::Prefetch { to: Target::Device(d) }) else { continue };
-            if next == s && a == Actions::default() {
+            // (A transition without actions at most ends a parking: nothing to fetch.)
+            if a == Actions::default() {
                 continue;
             }
             // Unmapped: the device's first touch faults (without a copy) and reads further
@@ -204,7 +218,7 @@ impl ReadAhead {
 /// - Lifetimes: the work item owns a reference to the region (and through it the space).
 ///   Teardown marks the region dead under each block's lock, which the worker checks
 ///   under the block lock; devices are reached only through the executor, which enters
-///   their callback sections. It takes the mm only through `Space::mm_user_while_used`
+///   their callback sections. It takes the mm only through `Space::mm_for_worker`
 ///   (nothing for an exiting process) and no mmap lock: a move home revokes no CPU
 ///   mapping (the CPU maps no device page), as eviction does not. gmem's workqueue is
 ///   drained at module unload.
@@ -260,7 +274,7 @@ impl HomeAhead {
     fn fetch(&self) {
         let r = &self.region;
         // Not for a process that is exiting (nobody else uses its address space).
-        let Some(_mm) = r.space.mm_user_while_used(0) else { return };
+        let Some(_mm) = r.space.mm_for_worker() else { return };
         let Some(first) = r.index(self.block_va) else { return };
         let Some(block) = r.block_if_any(first) else { return };
         let mut p = r.lock(&block);
@@ -282,6 +296,9 @@ impl HomeAhead {
         if !steps.is_empty() {
             let out = migrate::apply_batch(&Env::background(r), &mut p, &steps);
             Space::add(&r.space.stats.home_ahead, out.done as u64);
+            // Seen by thrashing detection as a CPU fault's moves are: a device that
+            // keeps taking these pages back gets them mapped remotely instead.
+            thrash::record_moves(None, &r.space, r, &steps[..out.done]);
         }
     }
 }

@@ -437,6 +437,10 @@ pub(crate) struct Device {
     /// The block (2 MiB-aligned address) of the device fault that last asked for a
     /// read-ahead: read-ahead keeps going while it is within `readahead::DEPTH` blocks of it.
     pub(crate) stream_at: core::sync::atomic::AtomicUsize,
+    /// The region of that fault, as an address compared for identity only (never
+    /// dereferenced): a lane goes on only for the region it is reading ahead in, not for
+    /// another process's region at nearby addresses.
+    pub(crate) stream_of: core::sync::atomic::AtomicUsize,
     /// Round-robin cursor over the copy channels (`next_channel`).
     chan_rr: AtomicU32,
     /// Link bandwidths the driver reported (`gmem_dev_set_links`), MB/s, 0 unknown:
@@ -522,6 +526,7 @@ impl Device {
                 alive: AtomicBool::new(true),
                 reading_ahead: [AtomicBool::new(false), AtomicBool::new(false)],
                 stream_at: core::sync::atomic::AtomicUsize::new(0),
+                stream_of: core::sync::atomic::AtomicUsize::new(0),
                 chan_rr: AtomicU32::new(0),
                 links: [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)],
                 gone: AtomicBool::new(false),

@@ -81,7 +81,38 @@ pub(crate) struct Space {
     /// not follow munmap). A leaf lock.
     #[pin]
     pub(crate) sysmem_advice: Mutex<AdviceMap<ADVICE_RUNS>>,
+    /// References on the address space's users that read-ahead workers hold (every lane,
+    /// both directions, every device): changed only together with taking or dropping one,
+    /// under this lock, so that workers taking turns never keep an exiting process's
+    /// address space alive between them ([`Space::mm_for_worker`]). Nothing is taken
+    /// under it except what the last `mmput` does, which takes none of gmem's locks that
+    /// a worker could hold.
+    #[pin]
+    workers_mm: Mutex<usize>,
     pub(crate) stats: SpaceStats,
+}
+
+/// A reference on a space's address-space users held by a gmem worker
+/// ([`Space::mm_for_worker`]); given back, and uncounted, when dropped.
+pub(crate) struct WorkerMm<'a> {
+    space: &'a Space,
+    mm: Option<ARef<MmWithUser>>,
+}
+
+impl WorkerMm<'_> {
+    pub(crate) fn get(&self) -> Option<&MmWithUser> {
+        self.mm.as_deref()
+    }
+}
+
+impl Drop for WorkerMm<'_> {
+    fn drop(&mut self) {
+        let mut held = self.space.workers_mm.lock();
+        // If this was the last reference (the process exited meanwhile), the address
+        // space's teardown runs here.
+        drop(self.mm.take());
+        *held = held.saturating_sub(1);
+    }
 }
 
 /// Pages tracked per space for thrashing detection.
@@ -159,6 +190,7 @@ pub(crate) fn open(mm: &Mm) -> Result<Arc<Space>> {
             mirror <- new_mutex!(MirrorState::new(), "gmem_mirror"),
             notifiers <- new_mutex!(RBTree::new(), "gmem_mirror_notifiers"),
             sysmem_advice <- new_mutex!(AdviceMap::new(), "gmem_sysmem_advice"),
+            workers_mm <- new_mutex!(0, "gmem_space_workers_mm"),
             stats: SpaceStats::default(),
         }),
         GFP_KERNEL,
@@ -225,6 +257,15 @@ impl Space {
         let users = unsafe { gmem_mm_users(self.mm.as_raw().cast()) };
         let ours = held.saturating_add(1);
         (usize::try_from(users).unwrap_or(0) > ours).then_some(m)
+    }
+
+    /// [`Space::mm_user_while_used`] for the read-ahead workers, counting the references
+    /// they hold exactly: `None` if nobody but gmem's workers uses the address space.
+    pub(crate) fn mm_for_worker(&self) -> Option<WorkerMm<'_>> {
+        let mut held = self.workers_mm.lock();
+        let mm = self.mm_user_while_used(*held)?;
+        *held += 1;
+        Some(WorkerMm { space: self, mm: Some(mm) })
     }
 
     /// The region containing `addr`.
