@@ -762,7 +762,12 @@ pub fn transition(s: PageState, e: Event) -> Result<(PageState, Actions), Refuse
                 return Err(Refused::PinnedElsewhere);
             }
             // `prefetch` refuses a lost page (never pinned, so it gets past the check above).
-            Fields { pinned: true, ..prefetch(f, Target::Device(dev), false, &mut a)? }
+            let mut n = prefetch(f, Target::Device(dev), false, &mut a)?;
+            // A pinned page is its device's alone: other devices' duplicates (READ_MOSTLY,
+            // or the backing copy a parked page left) go, so that their accesses are
+            // refused as for any pinned page instead of reading a duplicate.
+            collapse(&mut n, &mut a);
+            Fields { pinned: true, ..n }
         }
         Event::Unpin => Fields { pinned: false, ..f },
         Event::DontNeed if f.pinned => return Err(Refused::Pinned),
@@ -1026,6 +1031,11 @@ mod tests {
         assert_eq!((w.dup_mask(), a.free_dup_frames, a.map_dev), (0, 1 << 2, RW(0)));
         let (w, a) = go(p, dev_fault(0, true));
         assert_eq!((w.dup_mask(), a.owner_to_dup, a.free_frame), (0, None, Some(2)));
+        // A pin of the page read back drops the peer copy (no other device reads a pinned
+        // page), and the peer's access is then refused.
+        let (q, a) = go(b, Event::Pin { dev: 0 });
+        assert_eq!((q.dup_mask(), a.free_dup_frames, a.unmap_dev & (1 << 2)), (0, 1 << 2, 1 << 2));
+        assert_eq!(transition(q, dev_fault(2, false)), Err(Refused::PinnedElsewhere));
         // PREFETCH (and read-ahead) keeps the peer copy too; a pin does not.
         let (f, a) = go(p, Event::Prefetch { to: Target::Device(0) });
         assert_eq!((f.loc(), f.dup_mask(), a.owner_to_dup, a.map_dev), (Loc::Device(0), 1 << 2, Some(2), RO(0)));
@@ -1234,14 +1244,13 @@ mod tests {
     }
 
     #[test]
-    fn losing_a_pinned_dirty_page_with_duplicates_releases_everything() {
+    fn losing_a_dirty_page_with_duplicates_or_a_pinned_one_releases_everything() {
         let (s, _) = go(PageState::EMPTY, dev_fault(2, true));
         let (s, _) = go(s, read_mostly(0));
         let (s, _) = go(s, read_mostly(5));
-        let (s, _) = go(s, Event::Pin { dev: 2 });
         assert_eq!(
-            (s.loc(), s.pinned(), s.dirty(), s.host_valid(), s.dup_mask()),
-            (Loc::Device(2), true, true, false, (1 << 0) | (1 << 5))
+            (s.loc(), s.dirty(), s.host_valid(), s.dup_mask()),
+            (Loc::Device(2), true, false, (1 << 0) | (1 << 5))
         );
         let (l, a) = go(s, Event::Lose);
         assert_eq!(l, lost());
@@ -1255,6 +1264,12 @@ mod tests {
                 ..Actions::default()
             }
         );
+        // Pinning drops the duplicates; losing the pinned page releases its frame.
+        let (p, _) = go(s, Event::Pin { dev: 2 });
+        assert_eq!((p.pinned(), p.dup_mask()), (true, 0));
+        let (l, a) = go(p, Event::Lose);
+        assert_eq!(l, lost());
+        assert_eq!(a, Actions { unmap_dev: 1 << 2, free_frame: Some(2), ..Actions::default() });
     }
 
     #[test]

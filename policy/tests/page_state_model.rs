@@ -282,6 +282,9 @@ impl Model {
             }
             _ => {}
         }
+        if let (Event::Pin { .. }, Loc::Device(_)) = (e, st.loc()) {
+            prop_assert_eq!(st.dup_mask(), 0, "a pinned page kept duplicates: {:?}", st);
+        }
         if let Loc::Device(o) = pre.loc() {
             let unpins = matches!(e, Event::Unpin | Event::DeviceGone { .. } | Event::Free | Event::Lose);
             if pre.pinned() && !unpins {

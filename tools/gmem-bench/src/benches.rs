@@ -208,6 +208,8 @@ pub struct Bench {
     pub p3_pages: usize,
     /// Bytes/s of plain libc memcpy (a second, less conservative denominator).
     pub libc_memcpy_bw: Option<f64>,
+    /// MB/s of the survey's paired baseline (median), once the survey has run.
+    pub survey_paired_mbs: Option<f64>,
     /// The host link bandwidth (MB/s) the link-model runs use instead of a quarter of the
     /// measured baseline (`link=MBPS`).
     pub link_override: Option<u64>,
@@ -415,6 +417,7 @@ impl Bench {
         // The denominator of the ratios: per repetition, the faster of libc memcpy and the
         // SSE2 loop, measured right before that repetition (see `paired_base`).
         let paired: Vec<f64> = times[0].iter().zip(&times[3]).map(|(a, b)| a.min(*b)).collect();
+        self.survey_paired_mbs = Stat::of(&paired).map(|s| n as f64 / s.median / 1e6);
         out.set("used", "per repetition: the faster of memcpy and sse2_loop, timed right before it");
         out.set("paired", Json::obj().with("time_s", stat_json(&paired)).with("bw_mbs", bw_stat(n, &paired)));
         out.set(
@@ -861,6 +864,8 @@ impl Bench {
     /// The modelled host link bandwidth (MB/s) of the link-model runs: a quarter of the
     /// guest's paired copy bandwidth (median of three, also returned), so that the link
     /// and not the CPU copy is the floor; at least the slowest model the driver accepts.
+    /// The copy is bimodal under TCG: a slow sample would make a slow link and flatter
+    /// every ratio against it, so the bandwidth is at least the survey's paired median.
     fn link_mbps(&self) -> R<(u64, f64)> {
         let n = self.size;
         let base = self.paired_base()?;
@@ -869,7 +874,8 @@ impl Bench {
             bws.push(n as f64 / base.time()? / 1e6);
         }
         bws.sort_by(f64::total_cmp);
-        Ok((self.link_override.unwrap_or(((bws[1] / 4.0) as u64).max(10)), bws[1]))
+        let bw = bws[1].max(self.survey_paired_mbs.unwrap_or(0.0));
+        Ok((self.link_override.unwrap_or(((bw / 4.0) as u64).max(10)), bw))
     }
 
     /// Sets the link model of both devices: host links at `mbps`, the peer link at 4x

@@ -171,6 +171,7 @@ fn setup(args: &Args) -> Result<Bench, String> {
         p3_pages: if smoke { 64 } else { 2048 },
         libc_memcpy_bw: None,
         link_override: args.link,
+        survey_paired_mbs: None,
     })
 }
 
