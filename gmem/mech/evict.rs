@@ -142,9 +142,10 @@ fn evict_pages(
     // driver. A device that dies after this look loses its duplicates under the block
     // lock held here, so a promotion never targets one it has already dropped.
     // With `peer=0` nothing is parked, this way either.
-    let holders = devices::all()
+    let peers = if tune::PEER.load(Relaxed) { devices::all() } else { KVec::new() };
+    let holders = peers
         .into_iter()
-        .filter(|h| tune::PEER.load(Relaxed) && h.id != dev.id && h.alive() && h.same_driver(dev))
+        .filter(|h| h.id != dev.id && h.alive() && h.same_driver(dev))
         .fold(0u16, |m, h| m | u32::try_from(h.id).ok().and_then(|s| 1u16.checked_shl(s)).unwrap_or(0));
     let mut steps: KVec<Step> = KVec::with_capacity(idx.len(), GFP_KERNEL)?;
     for &i in idx {

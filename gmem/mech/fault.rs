@@ -55,16 +55,18 @@ pub(crate) fn cpu_fault(
     let mut steps: KVec<migrate::Step> = KVec::new();
     let mut around: KVec<usize> = KVec::new();
     let home = s.loc() == Loc::Host;
-    if matches!(s.loc(), Loc::Device(_)) && tune::PREFETCH.load(Relaxed) {
+    if tune::PREFETCH.load(Relaxed) {
         // Fault-around is a bet: if its bookkeeping cannot be had, the page comes alone.
-        let _ = prefetch::cpu_window(region, &p, i, &mut around);
-    } else if home && tune::PREFETCH.load(Relaxed) {
-        let _ = map_around(region, &p, i, &mut around);
+        let _ = match s.loc() {
+            Loc::Device(_) => prefetch::cpu_window(region, &p, i, &mut around),
+            Loc::Host => map_around(region, &p, i, &mut around),
+            _ => Ok(()),
+        };
     }
     for &j in around.iter() {
         let sj = p.state(j);
-        let plain_host = sj.loc() == Loc::Host && !sj.cpu_mapped() && sj.dup_mask() == 0;
-        if !(matches!(sj.loc(), Loc::Device(_)) || home && plain_host) || sj.pinned() {
+        // (`map_around` picked only pages that are home and may be mapped.)
+        if !home && (!matches!(sj.loc(), Loc::Device(_)) || sj.pinned()) {
             continue;
         }
         if let Ok((nj, aj)) = cpu_transition(sj, false) {

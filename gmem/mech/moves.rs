@@ -25,14 +25,14 @@
 //! error): a lane finishes the block it is in, claims no more and is done. So once the
 //! owner is cancelled, at most one block per lane is still moved. A process that exits
 //! does not close the file at once (its mappings hold it until the address space is torn
-//! down), so the lanes also stop when nobody but them uses the address space any more
-//! (`Space::mm_user_while_used`): each lane takes its reference for a block under
-//! `Lanes::mm_gate`, which counts the references the lanes hold, exactly, and gives it
-//! back under it too. Two lanes taking turns at `mmget_not_zero` would otherwise keep a
-//! dead process's address space, and the file with it, alive between them.
+//! down), so the lanes also stop when nobody but gmem's workers uses the address space any
+//! more: each lane takes its reference for a block through `Space::mm_for_worker`, which
+//! counts the references gmem's workers hold, exactly, and gives it back under the same
+//! lock. Two lanes taking turns at `mmget_not_zero` would otherwise keep a dead process's
+//! address space, and the file with it, alive between them.
 //!
 //! Lifetimes: a helper owns a reference to the shared [`Lanes`], which owns the region; it
-//! takes the mm only through `Lanes::take_mm` and the mmap lock itself, per block, in the
+//! takes the mm only through `Space::mm_for_worker` and the mmap lock itself, per block, in the
 //! fault paths' order. The caller holds no mmap or block lock while it waits for helpers (a
 //! helper's mmap read lock could otherwise queue behind a writer that waits for the
 //! caller's). It waits only for the helpers that are inside a block (`Lanes::busy`, under
@@ -54,7 +54,6 @@ use kernel::{
     mm::MmWithUser,
     new_condvar, new_mutex,
     prelude::*,
-    sync::aref::ARef,
     sync::{Arc, CondVar, Mutex},
     time::{delay::fsleep, Delta},
     workqueue::{impl_has_work, new_work, Work, WorkItem},
@@ -141,8 +140,8 @@ fn move_range(
             }
         }
         let chunk_end = core::cmp::min(end, region.block_pages(i).end);
-        // Only while the process (or anyone but this advice) still uses the address space.
-        let mm = region.space.mm_user_while_used(0).ok_or(EFAULT)?;
+        // Only while the process (anyone but gmem's workers) still uses the address space.
+        let mm = region.space.mm_for_worker().ok_or(EFAULT)?;
         move_block(region, &mm, i, chunk_end, event, dev, pinned)?;
         i = chunk_end;
         sched::cond_resched();
@@ -279,10 +278,6 @@ struct Lanes {
     end: usize,
     /// The owner's cancellation, seen by every lane.
     cancel: Option<Arc<AtomicBool>>,
-    /// How many references on the address space's users the lanes hold: changed only
-    /// together with taking or dropping one, under this lock.
-    #[pin]
-    mm_gate: Mutex<usize>,
     #[pin]
     state: Mutex<LaneState>,
     /// Signalled when a helper leaves a block.
@@ -303,25 +298,6 @@ impl Lanes {
         st.cursor = e;
         st.busy += usize::from(helper);
         Some((i, e))
-    }
-
-    /// A reference on the address space's users for one block, if anyone but the lanes
-    /// still uses it (the process, normally): the lanes' own references are counted exactly,
-    /// since each is taken and dropped under `mm_gate`.
-    fn take_mm(&self) -> Option<ARef<MmWithUser>> {
-        let mut inside = self.mm_gate.lock();
-        let mm = self.region.space.mm_user_while_used(*inside)?;
-        *inside += 1;
-        Some(mm)
-    }
-
-    /// Gives back a reference of [`Lanes::take_mm`]. If it was the last one (the process
-    /// exited meanwhile), the address space's teardown runs here, under `mm_gate` (which
-    /// nothing it does takes).
-    fn put_mm(&self, mm: ARef<MmWithUser>) {
-        let mut inside = self.mm_gate.lock();
-        drop(mm);
-        *inside = inside.saturating_sub(1);
     }
 
     /// Records the outcome of a chunk (the first error stops every lane); a helper is no
@@ -348,12 +324,10 @@ impl Lanes {
                 break;
             }
             let Some((i, e)) = self.claim(helper) else { break };
-            let r = match self.take_mm() {
-                Some(mm) => {
-                    let r = move_block(&self.region, &mm, i, e, self.event, &self.dev, &mut pinned);
-                    self.put_mm(mm);
-                    r
-                }
+            // A reference for this block, if anyone but gmem's workers still uses the
+            // address space (the process, normally).
+            let r = match self.region.space.mm_for_worker() {
+                Some(mm) => move_block(&self.region, &mm, i, e, self.event, &self.dev, &mut pinned),
                 None => Err(EFAULT),
             };
             self.done(r, helper);
@@ -401,7 +375,6 @@ fn in_lanes(
             dev,
             end,
             cancel: cancel.cloned(),
-            mm_gate <- new_mutex!(0, "gmem_lanes_mm"),
             state <- new_mutex!(LaneState { cursor: first, busy: 0, stop: false, err: None }, "gmem_lanes_state"),
             idle <- new_condvar!("gmem_lanes_idle"),
         }),

@@ -7,8 +7,9 @@
 //! - When: a device fault batch left its block wholly resident on the device
 //!   (`policy::prefetch::read_ahead`; the density rule, `prefetch.rs`, fetched the rest),
 //!   or covers a quarter of a block or more (`fault::device_fault`, before its own pages
-//!   are fetched, so that the link is busy from the start of a stream). The next [`DEPTH`] blocks of the same region are then queued on gmem's workqueue,
-//!   each on its lane (`Device::reading_ahead`: consecutive blocks on different lanes, one
+//!   are fetched, so that the link is busy from the start of a stream). The next
+//!   [`DEPTH`] blocks of the same region are then queued on gmem's workqueue, each on its
+//!   lane (`Device::reading_ahead`: consecutive blocks on different lanes, one
 //!   block at a time per lane; a busy lane starts nothing). Two blocks thus come in at
 //!   once: while one lane allocates frames or commits, the other's copies keep the link
 //!   busy (one worker alone left the link idle about a quarter of the time).
@@ -168,8 +169,7 @@ impl ReadAhead {
         let (dev, r) = (&self.dev, &self.region);
         let d = dev.id as u8;
         // Not for a process that is exiting (nobody else uses its address space).
-        let Some(held) = r.space.mm_for_worker() else { return };
-        let Some(mm) = held.get() else { return };
+        let Some(mm) = r.space.mm_for_worker() else { return };
         let mmap = mm.mmap_read_lock();
         let vma = mmap.vma_lookup(r.start).filter(|v| v.start() == r.start);
         let Some(first) = r.index(self.block_va) else { return };

@@ -14,6 +14,8 @@ use crate::obj::mirror::{self, MirrorState, Notifier, CHUNK_BYTES};
 use crate::obj::region::{Region, ADVICE_RUNS};
 use crate::policy::range::AdviceMap;
 use crate::policy::thrash::{RecentMoves, ThrashTable, Verdict};
+use core::mem::ManuallyDrop;
+use core::ops::Deref;
 use core::sync::atomic::{AtomicU64, Ordering};
 use kernel::{
     maple_tree::MapleTree,
@@ -81,12 +83,12 @@ pub(crate) struct Space {
     /// not follow munmap). A leaf lock.
     #[pin]
     pub(crate) sysmem_advice: Mutex<AdviceMap<ADVICE_RUNS>>,
-    /// References on the address space's users that read-ahead workers hold (every lane,
-    /// both directions, every device): changed only together with taking or dropping one,
-    /// under this lock, so that workers taking turns never keep an exiting process's
-    /// address space alive between them ([`Space::mm_for_worker`]). Nothing is taken
-    /// under it except what the last `mmput` does, which takes none of gmem's locks that
-    /// a worker could hold.
+    /// References on the address space's users that gmem's workers hold (read-ahead in
+    /// both directions and on every device, PREFETCH lanes): changed only together with
+    /// taking or dropping one, under this lock, so that workers taking turns never keep an
+    /// exiting process's address space alive between them ([`Space::mm_for_worker`]).
+    /// Nothing is taken under it except what the last `mmput` does, which takes none of
+    /// gmem's locks that a worker could hold.
     #[pin]
     workers_mm: Mutex<usize>,
     pub(crate) stats: SpaceStats,
@@ -96,12 +98,15 @@ pub(crate) struct Space {
 /// ([`Space::mm_for_worker`]); given back, and uncounted, when dropped.
 pub(crate) struct WorkerMm<'a> {
     space: &'a Space,
-    mm: Option<ARef<MmWithUser>>,
+    /// Dropped only in `drop`, under `Space::workers_mm`.
+    mm: ManuallyDrop<ARef<MmWithUser>>,
 }
 
-impl WorkerMm<'_> {
-    pub(crate) fn get(&self) -> Option<&MmWithUser> {
-        self.mm.as_deref()
+impl Deref for WorkerMm<'_> {
+    type Target = MmWithUser;
+
+    fn deref(&self) -> &MmWithUser {
+        &self.mm
     }
 }
 
@@ -110,7 +115,8 @@ impl Drop for WorkerMm<'_> {
         let mut held = self.space.workers_mm.lock();
         // If this was the last reference (the process exited meanwhile), the address
         // space's teardown runs here.
-        drop(self.mm.take());
+        // SAFETY: `mm` is dropped here only, once, and nothing uses it afterwards.
+        unsafe { ManuallyDrop::drop(&mut self.mm) };
         *held = held.saturating_sub(1);
     }
 }
@@ -250,7 +256,7 @@ impl Space {
     /// the caller's fellow workers hold (the process itself, normally). A process that
     /// dropped its address space (it is exiting) is not kept alive by workers taking turns
     /// at it; whoever lets go of the last reference runs the address space's teardown.
-    pub(crate) fn mm_user_while_used(&self, held: usize) -> Option<ARef<MmWithUser>> {
+    fn mm_user_while_used(&self, held: usize) -> Option<ARef<MmWithUser>> {
         let m = self.mm.mmget_not_zero()?;
         // SAFETY: `as_raw` is a live `mm_struct` (this space holds a reference on the struct,
         // and `m` one on its users).
@@ -259,13 +265,13 @@ impl Space {
         (usize::try_from(users).unwrap_or(0) > ours).then_some(m)
     }
 
-    /// [`Space::mm_user_while_used`] for the read-ahead workers, counting the references
-    /// they hold exactly: `None` if nobody but gmem's workers uses the address space.
+    /// [`Space::mm_user_while_used`] for gmem's workers, counting the references they hold
+    /// exactly: `None` if nobody but gmem's workers uses the address space.
     pub(crate) fn mm_for_worker(&self) -> Option<WorkerMm<'_>> {
         let mut held = self.workers_mm.lock();
         let mm = self.mm_user_while_used(*held)?;
         *held += 1;
-        Some(WorkerMm { space: self, mm: Some(mm) })
+        Some(WorkerMm { space: self, mm: ManuallyDrop::new(mm) })
     }
 
     /// The region containing `addr`.

@@ -28,6 +28,18 @@ fn eventually(mut f: impl FnMut() -> bool) -> bool {
     false
 }
 
+/// Runs `f(on, seed)` with read-ahead on (the first seed), then off (the second), and
+/// switches it back on whatever happens.
+fn on_and_off(seeds: [u32; 2], f: impl Fn(bool, u32) -> TestResult) -> TestResult {
+    for (on, seed) in [(true, seeds[0]), (false, seeds[1])] {
+        control(if on { "readahead=1" } else { "readahead=0" })?;
+        let res = f(on, seed);
+        control("readahead=1")?;
+        res?;
+    }
+    Ok(())
+}
+
 /// A device checksum over 8 MiB of host data: with read-ahead on, blocks after the first
 /// arrive ahead of the device (counted), the device reads exactly what the CPU wrote, and
 /// every block ends on the device; with `readahead=0` none is read ahead and the result is
@@ -35,43 +47,37 @@ fn eventually(mut f: impl FnMut() -> bool) -> bool {
 fn stream_reads_the_next_block_ahead() -> TestResult {
     let (g, s) = open()?;
     const LEN: usize = 4 * BLOCK;
-    for (on, seed) in [(true, 0x0a11_0000u32), (false, 0x0b22_0000)] {
-        control(if on { "readahead=1" } else { "readahead=0" })?;
-        let res = (|| -> TestResult {
-            let r = ok!(g.alloc((LEN + BLOCK) as u64));
-            let a = r.addr.next_multiple_of(BLOCK as u64);
-            let first = ((a - r.addr) / 4) as usize;
-            for (i, w) in words(&r).iter_mut().enumerate() {
-                *w = pattern(i, seed);
-            }
-            let want: Vec<u32> = (first..first + LEN / 4).map(|i| pattern(i, seed)).collect();
-            let ra0 = counter(0, "prefetch.readahead")?;
-            let o = ok!(s.checksum(a, LEN as u64));
-            ensure!(o.result == checksum(&want), "readahead={}: the device read other data", u8::from(on));
-            // The last read-ahead may still be running: it is of a block past the range
-            // (the region's tail), so wait for the counter to settle first.
-            let ra = if on {
-                ensure!(
-                    eventually(|| counter(0, "prefetch.readahead").is_ok_and(|c| c - ra0 >= 512)),
-                    "a 4-block stream read no block ahead"
-                );
-                counter(0, "prefetch.readahead")? - ra0
-            } else {
-                counter(0, "prefetch.readahead")? - ra0
-            };
-            if !on {
-                ensure!(ra == 0, "readahead=0 still read {ra} pages ahead");
-            }
-            let q = ok!(g.query(a, LEN / 4096));
-            ensure!(q.iter().all(|&w| q_loc(w) == GMEM_LOC_DEVICE), "a streamed page is not on the device");
-            let w = words(&r);
-            ensure!(w[first..first + LEN / 4] == want[..], "the CPU reads other data than it wrote");
-            Ok(())
-        })();
-        control("readahead=1")?;
-        res?;
-    }
-    Ok(())
+    on_and_off([0x0a11_0000, 0x0b22_0000], |on, seed| {
+        let r = ok!(g.alloc((LEN + BLOCK) as u64));
+        let a = r.addr.next_multiple_of(BLOCK as u64);
+        let first = ((a - r.addr) / 4) as usize;
+        for (i, w) in words(&r).iter_mut().enumerate() {
+            *w = pattern(i, seed);
+        }
+        let want: Vec<u32> = (first..first + LEN / 4).map(|i| pattern(i, seed)).collect();
+        let ra0 = counter(0, "prefetch.readahead")?;
+        let o = ok!(s.checksum(a, LEN as u64));
+        ensure!(o.result == checksum(&want), "readahead={}: the device read other data", u8::from(on));
+        // The last read-ahead may still be running: it is of a block past the range
+        // (the region's tail), so wait for the counter to settle first.
+        let ra = if on {
+            ensure!(
+                eventually(|| counter(0, "prefetch.readahead").is_ok_and(|c| c - ra0 >= 512)),
+                "a 4-block stream read no block ahead"
+            );
+            counter(0, "prefetch.readahead")? - ra0
+        } else {
+            counter(0, "prefetch.readahead")? - ra0
+        };
+        if !on {
+            ensure!(ra == 0, "readahead=0 still read {ra} pages ahead");
+        }
+        let q = ok!(g.query(a, LEN / 4096));
+        ensure!(q.iter().all(|&w| q_loc(w) == GMEM_LOC_DEVICE), "a streamed page is not on the device");
+        let w = words(&r);
+        ensure!(w[first..first + LEN / 4] == want[..], "the CPU reads other data than it wrote");
+        Ok(())
+    })
 }
 
 /// The CPU reading back 8 MiB the device wrote: with read-ahead on, blocks after the first
@@ -81,36 +87,30 @@ fn stream_reads_the_next_block_ahead() -> TestResult {
 fn cpu_stream_reads_home_ahead() -> TestResult {
     let (g, s) = open()?;
     const LEN: usize = 4 * BLOCK;
-    for (on, seed) in [(true, 0x0c33_0000u32), (false, 0x0d44_0000)] {
-        control(if on { "readahead=1" } else { "readahead=0" })?;
-        let res = (|| -> TestResult {
-            let r = ok!(g.alloc((LEN + BLOCK) as u64));
-            let pages = r.pages() as u64;
-            let a = r.addr.next_multiple_of(BLOCK as u64);
-            let first = ((a - r.addr) / 4) as usize;
-            ok!(s.fill(a, LEN as u64, seed));
-            let q = ok!(g.query(a, LEN / 4096));
-            ensure!(q.iter().all(|&w| q_loc(w) == GMEM_LOC_DEVICE), "the device's writes are not on the device");
-            let (ahead0, faults0) = (space_stat(pages, "home_ahead")?, space_stat(pages, "cpu_faults")?);
-            let w = words(&r);
-            let bad = (0..LEN / 4).find(|&i| w[first + i] != seed.wrapping_add(i as u32));
-            ensure!(bad.is_none(), "readahead={}: the CPU reads other data at word {bad:?}", u8::from(on));
-            let ahead = space_stat(pages, "home_ahead")? - ahead0;
-            let faults = space_stat(pages, "cpu_faults")? - faults0;
-            if on {
-                ensure!(ahead >= 512, "a 4-block stream home read {ahead} pages ahead");
-                ensure!(faults <= 64, "{faults} CPU faults for 4 blocks");
-            } else {
-                ensure!(ahead == 0, "readahead=0 still read {ahead} pages home ahead");
-            }
-            let q = ok!(g.query(a, LEN / 4096));
-            ensure!(q.iter().all(|&w| q_loc(w) == GMEM_LOC_HOST), "a page read by the CPU is not home");
-            Ok(())
-        })();
-        control("readahead=1")?;
-        res?;
-    }
-    Ok(())
+    on_and_off([0x0c33_0000, 0x0d44_0000], |on, seed| {
+        let r = ok!(g.alloc((LEN + BLOCK) as u64));
+        let pages = r.pages() as u64;
+        let a = r.addr.next_multiple_of(BLOCK as u64);
+        let first = ((a - r.addr) / 4) as usize;
+        ok!(s.fill(a, LEN as u64, seed));
+        let q = ok!(g.query(a, LEN / 4096));
+        ensure!(q.iter().all(|&w| q_loc(w) == GMEM_LOC_DEVICE), "the device's writes are not on the device");
+        let (ahead0, faults0) = (space_stat(pages, "home_ahead")?, space_stat(pages, "cpu_faults")?);
+        let w = words(&r);
+        let bad = (0..LEN / 4).find(|&i| w[first + i] != seed.wrapping_add(i as u32));
+        ensure!(bad.is_none(), "readahead={}: the CPU reads other data at word {bad:?}", u8::from(on));
+        let ahead = space_stat(pages, "home_ahead")? - ahead0;
+        let faults = space_stat(pages, "cpu_faults")? - faults0;
+        if on {
+            ensure!(ahead >= 512, "a 4-block stream home read {ahead} pages ahead");
+            ensure!(faults <= 64, "{faults} CPU faults for 4 blocks");
+        } else {
+            ensure!(ahead == 0, "readahead=0 still read {ahead} pages home ahead");
+        }
+        let q = ok!(g.query(a, LEN / 4096));
+        ensure!(q.iter().all(|&w| q_loc(w) == GMEM_LOC_HOST), "a page read by the CPU is not home");
+        Ok(())
+    })
 }
 
 /// Read-ahead racing with the region's end: streams over the head of a region and frees
