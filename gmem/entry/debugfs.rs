@@ -89,11 +89,12 @@ fn show_device(d: &Device, f: &mut fmt::Formatter<'_>) -> fmt::Result {
     )?;
     writeln!(
         f,
-        "  faults: batches={} pages={} allocs={} waits_for_eviction={}",
+        "  faults: batches={} pages={} allocs={} waits_for_eviction={} waits_for_transit={}",
         g(&s.fault_batches),
         g(&s.faults),
         g(&s.fault_allocs),
-        g(&s.fault_waits)
+        g(&s.fault_waits),
+        g(&s.transit_waits)
     )?;
     writeln!(
         f,

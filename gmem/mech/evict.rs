@@ -299,6 +299,21 @@ fn evict_victim(
 /// or host memory exhausted), or `want` when someone else made the room meanwhile. Must be
 /// called with no block lock held.
 pub(crate) fn make_room(dev: &Arc<Device>, want: usize, why: Why, within: Option<Within<'_>>) -> usize {
+    pass(dev, want, why, within).freed
+}
+
+/// What one eviction pass did.
+struct Pass {
+    /// Frames freed (or `want`: someone else made the room meanwhile).
+    freed: usize,
+    /// Whether the hand met frames in transit: held, without an owner yet, by a batch in
+    /// flight (a read-ahead lane's, another fault's), which become evictable when it
+    /// commits.
+    in_transit: bool,
+}
+
+/// [`make_room`], telling also whether frames in transit were met.
+fn pass(dev: &Arc<Device>, want: usize, why: Why, within: Option<Within<'_>>) -> Pass {
     let _one = dev.evict_lock.lock();
     dev.drain_released();
     let limit = within.map(|w| w.limit);
@@ -310,13 +325,14 @@ pub(crate) fn make_room(dev: &Arc<Device>, want: usize, why: Why, within: Option
         Some(_) => false,
     };
     if why != Why::Background && room {
-        return want;
+        return Pass { freed: want, in_transit: false };
     }
     if why == Why::Fault {
         DevStats::add(&dev.stats.fault_waits, 1);
     }
     let peer = peer_for(dev);
     let mut freed = 0;
+    let mut in_transit = false;
     // Used pages get a second chance (their referenced or accessed bit is cleared as the
     // hand passes), so finding victims can take two sweeps over the pool.
     const BATCH: usize = 64;
@@ -327,7 +343,8 @@ pub(crate) fn make_room(dev: &Arc<Device>, want: usize, why: Why, within: Option
         if freed >= want {
             break;
         }
-        let Ok(victims) = dev.victims(BATCH.min(want - freed).max(8), limit, ignore_low) else { break };
+        let Ok((victims, transit)) = dev.victims(BATCH.min(want - freed).max(8), limit, ignore_low) else { break };
+        in_transit |= transit > 0;
         if victims.is_empty() {
             if !ignore_low {
                 ignore_low = true;
@@ -361,31 +378,51 @@ pub(crate) fn make_room(dev: &Arc<Device>, want: usize, why: Why, within: Option
     if why == Why::Background {
         DevStats::add(&dev.stats.pre_evicted, freed as u64);
     }
-    freed
+    Pass { freed, in_transit }
 }
 
 /// A transition's frame allocation found its device full, or (with `limit`) its owner's
 /// dmem cgroup at its limit there: frees up to `want` frames (of that cgroup) so the
-/// caller can retry; `ENOMEM` only if nothing could be freed and no frame is free
-/// afterwards (all pinned, or the host is out of memory) — or, for a cgroup, if none of
-/// its frames could be evicted. A pass that freed fewer than `want`, or none because
-/// others made room meanwhile, still lets the caller retry. The caller must have dropped
-/// its block lock.
-pub(crate) fn make_room_for(a: &Actions, want: usize, why: Why, within: Option<Within<'_>>) -> Result {
+/// caller can retry. A pass that freed fewer than `want`, or none because others made
+/// room meanwhile, still lets the caller retry. If the hand met only frames in transit
+/// (held by a batch in flight, without an owner yet: they become evictable once that
+/// batch commits), it waits for them and returns `true` (no progress: the caller does not
+/// count the round), at most [`TRANSIT_WAITS`] times in all, counted in `waits` (the
+/// caller's, per operation). `ENOMEM` if nothing is evictable (all pinned, or the host is
+/// out of memory; for a cgroup, none of its frames), or the waits are used up. The caller
+/// must have dropped its block lock.
+pub(crate) fn make_room_for(
+    a: &Actions,
+    want: usize,
+    why: Why,
+    within: Option<Within<'_>>,
+    waits: &mut u32,
+) -> Result<bool> {
     let full = a.alloc_frame.and_then(|d| devices::get(d as usize)).ok_or(ENOMEM)?;
-    if make_room(&full, want, why, within) > 0 {
-        return Ok(());
+    let done = pass(&full, want, why, within);
+    if done.freed > 0 {
+        return Ok(false);
     }
     let room = match within {
         None => full.frames_free() > 0,
         Some(w) => w.mm.is_some_and(|mm| full.dmem.has_room(mm)),
     };
     if room {
-        Ok(())
-    } else {
-        Err(ENOMEM)
+        return Ok(false);
     }
+    if !done.in_transit || *waits >= TRANSIT_WAITS {
+        return Err(ENOMEM);
+    }
+    *waits += 1;
+    DevStats::add(&full.stats.transit_waits, 1);
+    // A batch commits within about a millisecond of copying.
+    kernel::time::delay::fsleep(kernel::time::Delta::from_millis(1));
+    Ok(true)
 }
+
+/// How many times one operation waits in [`make_room_for`] for frames in transit before it
+/// gives up with `ENOMEM` (a batch commits within milliseconds; a second is far beyond).
+const TRANSIT_WAITS: u32 = 1000;
 
 /// Writes parked victims back to host, so that the lender can later drop them instantly;
 /// only while the lender is short of frames itself (`write_back_lent`).

@@ -282,6 +282,7 @@ fn fault_pages(
     let block = r.block(i0)?;
     let mut next_page = 0;
     let mut attempts = 0;
+    let mut waits = 0;
     while next_page < idx.len() {
         let mut p = r.lock(&block);
         if r.is_dead() {
@@ -328,7 +329,10 @@ fn fault_pages(
                     next_page = idx.iter().position(|&i| i == stuck.i).unwrap_or(idx.len());
                     let want = (steps.len() - out.done).clamp(32, migrate::BATCH_PAGES);
                     let within = out.limit.as_ref().map(|limit| evict::Within { limit, mm: Some(space.mm()) });
-                    evict::make_room_for(&stuck.a, want, Why::Fault, within)?;
+                    if evict::make_room_for(&stuck.a, want, Why::Fault, within, &mut waits)? {
+                        // It waited for frames in transit: not a failed round.
+                        attempts -= 1;
+                    }
                     continue;
                 }
                 Err(e) => return Err(e),

@@ -55,7 +55,6 @@ use kernel::{
     new_condvar, new_mutex,
     prelude::*,
     sync::{Arc, CondVar, Mutex},
-    time::{delay::fsleep, Delta},
     workqueue::{impl_has_work, new_work, Work, WorkItem},
 };
 
@@ -166,6 +165,7 @@ fn move_block(
     // Eviction attempts for the current page; the budget is per page (refilled after
     // every batch that makes progress), so a long range does not run out of it.
     let mut retries = 0;
+    let mut waits = 0;
     let mut steps: KVec<migrate::Step> = KVec::with_capacity(migrate::BATCH_PAGES, GFP_KERNEL)?;
     let block = region.block(first)?;
     let mut p = region.lock(&block);
@@ -212,18 +212,10 @@ fn move_block(
                         return Err(ENOMEM);
                     }
                     let within = out.limit.as_ref().map(|limit| Within { limit, mm: Some(space.mm()) });
-                    match evict::make_room_for(&acts, 64, Why::Advice, within) {
-                        Ok(()) => {}
-                        // Nothing was evictable just now, yet some frame of the device is
-                        // not pinned: it is held, without an owner yet, by a batch in flight
-                        // (another lane's, a fault's) and becomes evictable when that batch
-                        // commits. Retry, within the same budget (64 rounds of at least 1 ms
-                        // each without progress), after letting it run.
-                        Err(e) if e == ENOMEM && out.limit.is_none() && unpinned_frames(&acts) => {
-                            // A copy in flight takes milliseconds: give it one per round.
-                            fsleep(Delta::from_millis(1));
-                        }
-                        Err(e) => return Err(e),
+                    if evict::make_room_for(&acts, 64, Why::Advice, within, &mut waits)? {
+                        // It waited for frames in transit (another lane's batch, a
+                        // fault's): not a failed round.
+                        retries -= 1;
                     }
                     p = region.lock(&block);
                     continue;
@@ -240,11 +232,6 @@ fn move_block(
         }
     }
     Ok(())
-}
-
-/// Whether the device a transition allocates on has used frames that are not pinned.
-fn unpinned_frames(acts: &crate::policy::page_state::Actions) -> bool {
-    acts.alloc_frame.and_then(|d| devices::get(d as usize)).is_some_and(|d| d.frames_used() > d.frames_pinned())
 }
 
 /// `EINTR` once `cancel` is set or, when `caller` (the lane runs in the task that asked),

@@ -291,6 +291,9 @@ pub(crate) struct DevStats {
     /// Frames freed by the background worker; times a fault had to evict first.
     pub(crate) pre_evicted: AtomicU64,
     pub(crate) fault_waits: AtomicU64,
+    /// Times eviction found only frames in transit (of batches in flight) and its caller
+    /// waited for them to commit (`evict::make_room_for`).
+    pub(crate) transit_waits: AtomicU64,
     /// Allocations on the fault path (denominator of `fault_waits`).
     pub(crate) fault_allocs: AtomicU64,
     /// Parked victims written back to the host in the background.
@@ -344,6 +347,9 @@ pub(crate) struct Owner {
     pub(crate) region: Arc<Region>,
     pub(crate) page: u32,
 }
+
+/// Eviction candidates: frames with who holds them (`None`: process memory, `F_SYSMEM`).
+pub(crate) type Victims = KVec<(u32, Option<Owner>)>;
 
 /// The frame pool's bookkeeping; [`FrameMap`] and [`Clock`] (pure policy code) work on it.
 struct FramePool {
@@ -1025,13 +1031,10 @@ impl Device {
     /// frames charged within that cgroup pool and not protected in it; without one (the
     /// device is full), only frames their cgroups' `dmem.min` does not protect. Either way
     /// `dmem.low` protects too, unless `ignore_low`.
-    /// Frames of process memory (`F_SYSMEM`) come with no owner.
-    pub(crate) fn victims(
-        &self,
-        n: usize,
-        limit: Option<&Limit>,
-        ignore_low: bool,
-    ) -> Result<KVec<(u32, Option<Owner>)>> {
+    /// Frames of process memory (`F_SYSMEM`) come with no owner. Frames in transit (handed
+    /// to a batch that has not committed yet: used, but no owner) cannot be taken; the
+    /// second value counts those the hand chose.
+    pub(crate) fn victims(&self, n: usize, limit: Option<&Limit>, ignore_low: bool) -> Result<(Victims, usize)> {
         let mut picked = [0u64; 64];
         let n = n.min(picked.len());
         let mut pool = self.pool();
@@ -1051,16 +1054,17 @@ impl Device {
         };
         let k = Clock::new(flags, hand).select_where(&mut picked[..n], &mut test);
         let mut out = KVec::with_capacity(k, GFP_KERNEL)?;
+        let mut in_transit = 0;
         for &f in &picked[..k] {
             match owner.get(f as usize).and_then(|o| o.clone()) {
                 Some(o) => out.push((f as u32, Some(o)), GFP_KERNEL)?,
                 None if flags.get(f as usize).is_some_and(|fl| fl & F_SYSMEM != 0) => {
                     out.push((f as u32, None), GFP_KERNEL)?
                 }
-                None => {}
+                None => in_transit += 1,
             }
         }
-        Ok(out)
+        Ok((out, in_transit))
     }
 
     /// Frames holding victims parked here by peers that still need a host copy.

@@ -107,7 +107,8 @@ fn worker(cg: &str, len: u64, value: u32, pin: bool) -> Result<(i32, Link), Stri
                     return 13;
                 }
             }
-            if s.fill(r.addr, len, value).is_err() {
+            if let Err(e) = s.fill(r.addr, len, value) {
+                eprintln!("dmem worker: FILL of {len} bytes: {e:?}");
                 return 14;
             }
             peer.signal();
@@ -146,6 +147,11 @@ fn finish(pid: i32, link: &mut Link) -> i32 {
     } else {
         128 + libc::WTERMSIG(status)
     }
+}
+
+/// Why a worker failed to report: its exit code (the numbers in [`worker`]).
+fn failed(pid: i32, link: &mut Link, who: &str) -> String {
+    format!("worker {who} failed before reporting: exit {}", finish(pid, link))
 }
 
 /// Runs `f` with the background evictor and the peer tier off (their moves would make the
@@ -188,13 +194,13 @@ fn two_cgroups_share_a_device() -> TestResult {
         let must_evict = 2 * limit / 4096;
         let ev0 = device_attr("stats/evicted_to_host")?;
         let (pa, mut la) = worker(&a, 3 * limit, 0xa5a5_0001, false)?;
-        ensure!(la.wait(), "worker A failed before reporting");
+        ensure!(la.wait(), "{}", failed(pa, &mut la, "A"));
         let ev1 = device_attr("stats/evicted_to_host")?;
         ensure!(ev1 - ev0 >= must_evict, "A's fill evicted {} pages, at least {must_evict} expected", ev1 - ev0);
         let a_held = current(&a)?;
         ensure!(a_held > 0, "A holds nothing on the device");
         let (pb, mut lb) = worker(&b, 3 * limit, 0xb5b5_0002, false)?;
-        ensure!(lb.wait(), "worker B failed before reporting");
+        ensure!(lb.wait(), "{}", failed(pb, &mut lb, "B"));
         let b_held = current(&b)?;
         ensure!(b_held > 0, "B holds nothing on the device");
         let ev2 = device_attr("stats/evicted_to_host")?;
