@@ -10,7 +10,7 @@ use crate::exec::migrate::{self, Env};
 use crate::mech::evict::{self, Why};
 use crate::mech::{prefetch, readahead, sysmem, thrash};
 use crate::obj::device::{DevStats, Device};
-use crate::obj::region::{adv, block_base, Pages, Region, ADVICE_RUNS, BLOCK_PAGES};
+use crate::obj::region::{adv, block_base, Pages, Region, ADVICE_RUNS, BLOCK_BYTES, BLOCK_PAGES};
 use crate::obj::space::{Space, Thrash};
 use crate::obj::{sched, trace, tune};
 use crate::policy::batch;
@@ -35,8 +35,8 @@ pub(crate) fn cpu_transition(s: PageState, write: bool) -> core::result::Result<
 /// a few batches per block instead of a fault per page. When the page is home already
 /// (read ahead, evicted), the block's other unmapped host pages are mapped with it
 /// (map-around, no copy). Pinned, lost and advised pages are left alone. A fault that
-/// leaves its block with nothing on a device reads the next block home ahead of the CPU
-/// (`readahead::home_after`).
+/// continues a stream (`prefetch::cpu_window`), or leaves its block with nothing on a
+/// device, reads the next blocks home ahead of the CPU (`readahead::home_after`).
 pub(crate) fn cpu_fault(
     region: &Arc<Region>,
     vmf: *mut bindings::vm_fault,
@@ -45,6 +45,13 @@ pub(crate) fn cpu_fault(
 ) -> Result<bindings::vm_fault_t> {
     let i = region.index(addr).ok_or(EFAULT)?;
     let block = region.block(i)?;
+    // The CPU moves on to the next block of a stream it read home: the blocks after this
+    // one start coming home now, while this fault waits for its block (which a lane may
+    // still be bringing home) and maps it.
+    let block_va = block_base(addr);
+    if tune::PREFETCH.load(Relaxed) && block_va.checked_sub(BLOCK_BYTES) == Some(region.cpu_at.load(Relaxed)) {
+        readahead::home_after(region, block_va);
+    }
     let mut p = region.lock(&block);
     if region.is_dead() {
         return Err(EFAULT);
@@ -55,13 +62,19 @@ pub(crate) fn cpu_fault(
     let mut steps: KVec<migrate::Step> = KVec::new();
     let mut around: KVec<usize> = KVec::new();
     let home = s.loc() == Loc::Host;
+    let mut stream = false;
     if tune::PREFETCH.load(Relaxed) {
         // Fault-around is a bet: if its bookkeeping cannot be had, the page comes alone.
         let _ = match s.loc() {
-            Loc::Device(_) => prefetch::cpu_window(region, &p, i, &mut around),
+            Loc::Device(_) => prefetch::cpu_window(region, &p, i, &mut around).map(|seq| stream = seq),
             Loc::Host => map_around(region, &p, i, &mut around),
             _ => Ok(()),
         };
+    }
+    if stream {
+        // The CPU streams through the region: its next blocks start coming home now, while
+        // this fault fetches the rest of its own block.
+        readahead::home_after(region, block_va);
     }
     for &j in around.iter() {
         let sj = p.state(j);
@@ -102,7 +115,7 @@ pub(crate) fn cpu_fault(
     // The CPU streams home through the region: bring its next block home meanwhile.
     let streamed = from.is_some() || steps.len() > 1;
     if streamed && tune::PREFETCH.load(Relaxed) && !p.range().any(|j| matches!(p.state(j).loc(), Loc::Device(_))) {
-        readahead::home_after(region, block_base(addr));
+        readahead::home_after(region, block_va);
     }
     // SAFETY: `vmf` is the live fault descriptor of a GMEM VMA.
     let vma = unsafe { (*vmf).__bindgen_anon_1.vma };

@@ -10,10 +10,10 @@
 
 use crate::exec::migrate::{self, Env, Step};
 use crate::obj::device::{DevStats, Device, F_PREFETCHED};
-use crate::obj::region::{block_base, Pages, Region, PAGE_SIZE};
+use crate::obj::region::{block_base, Pages, Region, BLOCK_BYTES, PAGE_SIZE};
 use crate::obj::{trace, tune};
 use crate::policy::page_state::{transition, Actions, Event, Loc, Target};
-use crate::policy::prefetch::{density, read_ahead, BLOCK_PAGES};
+use crate::policy::prefetch::{density, read_ahead, sequential, BLOCK_PAGES};
 use core::sync::atomic::Ordering::Relaxed;
 use kernel::{mm::virt::VmaRef, prelude::*, sync::Arc};
 
@@ -100,10 +100,14 @@ pub(crate) fn speculate(dev: &Device, r: &Arc<Region>, vma: Option<&VmaRef>, p: 
 }
 
 /// CPU fault-around: the pages of page `i`'s 2 MiB block that a CPU fault on `i` brings
-/// home along with it, by the same density rule with "resident" meaning on the host (UVM
-/// applies its prefetch to CPU faults too). Returns region page indices, ascending, never
-/// `i` itself and never an advised page (advice decides placement for those).
-pub(crate) fn cpu_window(r: &Region, p: &Pages, i: usize, out: &mut KVec<usize>) -> Result {
+/// home along with it, with "resident" meaning on the host. A fault that continues a
+/// stream (the page before it is home, or it is the block's first page and the CPU has
+/// just streamed through the previous block: `Region::cpu_at`) takes the rest of the
+/// block (`policy::prefetch::sequential`); any other, the density rule (UVM applies its
+/// prefetch to CPU faults too). Returns region page indices, ascending, never `i` itself
+/// and never an advised page (advice decides placement for those), and whether the fault
+/// continues a stream.
+pub(crate) fn cpu_window(r: &Region, p: &Pages, i: usize, out: &mut KVec<usize>) -> Result<bool> {
     let block_va = block_base(r.va(i) as usize);
     let (mut resident, mut valid, mut faulted) = ([0u64; 8], [0u64; 8], [0u64; 8]);
     let k0 = (r.va(i) as usize - block_va) / PAGE_SIZE;
@@ -116,7 +120,10 @@ pub(crate) fn cpu_window(r: &Region, p: &Pages, i: usize, out: &mut KVec<usize>)
             }
         }
     }
-    let extra = density(&resident, &faulted, &valid, tune::PREFETCH_PCT.load(Relaxed), BLOCK_PAGES);
+    let after_stream = block_va.checked_sub(BLOCK_BYTES) == Some(r.cpu_at.load(Relaxed));
+    let stream = sequential(&resident, &valid, k0, after_stream);
+    let extra =
+        stream.unwrap_or_else(|| density(&resident, &faulted, &valid, tune::PREFETCH_PCT.load(Relaxed), BLOCK_PAGES));
     let advice = *r.advice.lock();
     for k in 0..BLOCK_PAGES {
         if extra[k / 64] & (1 << (k % 64)) == 0 {
@@ -127,5 +134,5 @@ pub(crate) fn cpu_window(r: &Region, p: &Pages, i: usize, out: &mut KVec<usize>)
             out.push(j, GFP_KERNEL)?;
         }
     }
-    Ok(())
+    Ok(stream.is_some())
 }

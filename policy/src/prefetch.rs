@@ -106,6 +106,34 @@ pub fn density(
     out
 }
 
+/// Sequential fault-around: the pages a fault on page `k` of a block brings along when it
+/// continues a stream, or `None` when it does not. It continues one when the page before
+/// `k` is valid and already `resident`, or when `k` is the block's first page and the reader
+/// has just streamed through the previous block (`after_stream`). The reader is then
+/// walking the block in order, and every valid, non-resident page after `k`, to the block's
+/// end, comes now, as the page cache's read-ahead window does: the density rule alone
+/// would need about a dozen faults per block to get there (its subregions double one fault
+/// at a time), each fault leaving the link idle. The result is a subset of `valid`,
+/// disjoint from `resident`, and holds no page at or before `k`.
+pub fn sequential(resident: &[u64; 8], valid: &[u64; 8], k: usize, after_stream: bool) -> Option<[u64; 8]> {
+    let bit = |m: &[u64; 8], p: usize| m.get(p / 64).is_some_and(|w| w & (1 << (p % 64)) != 0);
+    let streaming = match k.checked_sub(1) {
+        Some(prev) => bit(valid, prev) && bit(resident, prev),
+        None => after_stream,
+    };
+    if !streaming || k >= BLOCK_PAGES {
+        return None;
+    }
+    let mut out = [0u64; WORDS];
+    for (w, slot) in out.iter_mut().enumerate() {
+        // Pages after `k` in word `w`: all but its first `n`.
+        let n = (k + 1).saturating_sub(w * 64);
+        let after = if n >= 64 { 0 } else { u64::MAX << n };
+        *slot = valid[w] & !resident[w] & after;
+    }
+    Some(out)
+}
+
 /// Stride detector over recent fault page numbers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Stride {
@@ -173,6 +201,40 @@ mod tests {
         assert!(!read_ahead(&[0; 8], &all));
         // No valid page: nothing streamed.
         assert!(!read_ahead(&all, &[0; 8]));
+    }
+
+    #[test]
+    fn sequential_takes_the_rest_of_the_block_after_a_resident_page() {
+        let all = [u64::MAX; 8];
+        // Page 9 resident, fault on 10: 11..512 come along.
+        let r = set(&[9]);
+        assert_eq!(pages(&sequential(&r, &all, 10, false).unwrap()), (11..512).collect::<std::vec::Vec<_>>());
+        // Resident pages further on are not fetched again; invalid ones are not fetched.
+        let r = set(&[9, 100, 200]);
+        let mut v = all;
+        v[7] = 0;
+        let got = pages(&sequential(&r, &v, 10, false).unwrap());
+        assert_eq!(got, (11..448).filter(|&p| p != 100 && p != 200).collect::<std::vec::Vec<_>>());
+        // Word edges: a fault on 63 starts at 64; on 64 (63 resident) at 65.
+        assert_eq!(pages(&sequential(&set(&[62]), &all, 63, false).unwrap())[0], 64);
+        assert_eq!(pages(&sequential(&set(&[63]), &all, 64, false).unwrap())[0], 65);
+        // The last page: nothing after it, yet a stream.
+        assert_eq!(sequential(&set(&[510]), &all, 511, false), Some([0; 8]));
+    }
+
+    #[test]
+    fn sequential_needs_the_previous_page_or_block() {
+        let all = [u64::MAX; 8];
+        // Previous page not resident, or not valid: no stream.
+        assert_eq!(sequential(&set(&[5]), &all, 10, false), None);
+        let mut v = all;
+        v[0] &= !(1 << 9);
+        assert_eq!(sequential(&set(&[9]), &v, 10, false), None);
+        // The first page: only after the previous block was streamed.
+        assert_eq!(sequential(&[0; 8], &all, 0, false), None);
+        assert_eq!(pages(&sequential(&[0; 8], &all, 0, true).unwrap()), (1..512).collect::<std::vec::Vec<_>>());
+        // Out of the block.
+        assert_eq!(sequential(&all, &all, 512, true), None);
     }
 
     fn set(pages: &[usize]) -> [u64; 8] {

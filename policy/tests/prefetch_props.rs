@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: GPL-2.0
 //! Property tests of `prefetch`: `density` against a per-page reference of UVM's rule
-//! (largest dense subregion per faulted page) and its documented bounds; `Stride` against
-//! a direct reference.
+//! (largest dense subregion per faulted page) and its documented bounds; `sequential`
+//! and `Stride` against direct references.
 
-use gmem_policy::prefetch::{density, Stride, BLOCK_PAGES};
+use gmem_policy::prefetch::{density, sequential, Stride, BLOCK_PAGES};
 use proptest::prelude::*;
 
 type Bm = [u64; 8];
@@ -164,5 +164,18 @@ proptest! {
             let got = s.record(p);
             prop_assert_eq!(got, if k >= 2 { Some(d) } else { None });
         }
+    }
+
+    #[test]
+    fn sequential_matches_reference(r in bitmap(), v in bitmap(), k in 0usize..BLOCK_PAGES, after in any::<bool>()) {
+        let streaming = if k == 0 { after } else { get(&v, k - 1) && get(&r, k - 1) };
+        let want = streaming.then(|| {
+            let mut m = [0u64; 8];
+            for q in (k + 1..BLOCK_PAGES).filter(|&q| get(&v, q) && !get(&r, q)) {
+                m[q / 64] |= 1 << (q % 64);
+            }
+            m
+        });
+        prop_assert_eq!(sequential(&r, &v, k, after), want);
     }
 }

@@ -113,6 +113,44 @@ fn cpu_stream_reads_home_ahead() -> TestResult {
     })
 }
 
+/// Sequential fault-around, with read-ahead off so that only the faults themselves move
+/// pages: a lone CPU read in the middle of device-written data brings little of its block
+/// home (the page before it is not home: the density rule decides), while the CPU reading
+/// 8 MiB in order takes at most three faults per block (its second fault in a block finds
+/// the page before it home and brings the rest of the block; the density rule needed a
+/// dozen or more); every word reads back as the device wrote it.
+fn cpu_sequential_fault_around() -> TestResult {
+    let (g, s) = open()?;
+    const LEN: usize = 4 * BLOCK;
+    const PAGES: usize = BLOCK / 4096;
+    let seed = 0x0e55_0000u32;
+    control("readahead=0")?;
+    let res = (|| -> TestResult {
+        let r = ok!(g.alloc((LEN + BLOCK) as u64));
+        let pages = r.pages() as u64;
+        let a = r.addr.next_multiple_of(BLOCK as u64);
+        let first = ((a - r.addr) / 4) as usize;
+        ok!(s.fill(a, LEN as u64, seed));
+        let w = words(&r);
+        // A lone read of page 300 of the first block.
+        let lone = 300 * 1024;
+        ensure!(w[first + lone] == seed.wrapping_add(lone as u32), "the lone read got other data");
+        let q = ok!(g.query(a, PAGES));
+        let home = q.iter().filter(|&&x| q_loc(x) == GMEM_LOC_HOST).count();
+        ensure!(home <= PAGES / 4, "a lone read brought {home} pages of its block home");
+        let faults0 = space_stat(pages, "cpu_faults")?;
+        let bad = (0..LEN / 4).find(|&i| w[first + i] != seed.wrapping_add(i as u32));
+        ensure!(bad.is_none(), "the CPU reads other data at word {bad:?}");
+        let faults = space_stat(pages, "cpu_faults")? - faults0;
+        ensure!(faults <= 12, "{faults} CPU faults to read 4 blocks in order");
+        let q = ok!(g.query(a, LEN / 4096));
+        ensure!(q.iter().all(|&x| q_loc(x) == GMEM_LOC_HOST), "a page read by the CPU is not home");
+        Ok(())
+    })();
+    control("readahead=1")?;
+    res
+}
+
 /// Read-ahead racing with the region's end: streams over the head of a region and frees
 /// it at once, many times, while the read-ahead of the next block may be queued or
 /// running; then the same with the process exiting instead. Nothing may crash or leak (the
@@ -219,6 +257,7 @@ pub fn tests() -> Vec<crate::harness::Test> {
         Test { name: "ahead_stream_reads_the_next_block_ahead", f: stream_reads_the_next_block_ahead },
         Test { name: "ahead_readahead_races_free_and_exit", f: readahead_races_free_and_exit },
         Test { name: "ahead_cpu_stream_reads_home_ahead", f: cpu_stream_reads_home_ahead },
+        Test { name: "ahead_cpu_sequential_fault_around", f: cpu_sequential_fault_around },
         Test { name: "ahead_prefetch_lanes_are_exact_and_fail_cleanly", f: prefetch_lanes_are_exact_and_fail_cleanly },
     ]
 }
