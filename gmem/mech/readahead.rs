@@ -8,11 +8,13 @@
 //!   (`policy::prefetch::read_ahead`; the density rule, `prefetch.rs`, fetched the rest),
 //!   or covers a quarter of a block or more (`fault::device_fault`, before its own pages
 //!   are fetched, so that the link is busy from the start of a stream). The next
-//!   [`DEPTH`] blocks of the same region are then queued on gmem's workqueue, each on its
-//!   lane (`Device::reading_ahead`: consecutive blocks on different lanes, one
-//!   block at a time per lane; a busy lane starts nothing). Two blocks thus come in at
-//!   once: while one lane allocates frames or commits, the other's copies keep the link
-//!   busy (one worker alone left the link idle about a quarter of the time).
+//!   blocks of the same region, up to [`DEPTH`] (three), are then queued on gmem's
+//!   workqueue, each on its lane (`Device::reading_ahead`: consecutive blocks on
+//!   different lanes, one block at a time per lane; a busy lane starts nothing). Up to
+//!   three blocks thus come in at once: while one lane allocates frames or commits, the
+//!   others' copies keep the link busy (one worker alone left the link idle about a
+//!   quarter of the time; with two lanes a timeline of PL showed both lanes' copies
+//!   queued back to back, then the link idle while both committed and allocated).
 //! - What: every page of the next block that advice leaves alone, by the PREFETCH
 //!   transition, in one executor batch. Like density prefetch it is a bet: it never
 //!   evicts, and stops where the device is full.
@@ -21,8 +23,10 @@
 //!   that fault asks for read-ahead again, as the page cache's `PG_readahead` mark does
 //!   for files.
 //! - How far: up to [`DEPTH`] blocks past the block of the fault that last asked
-//!   (`Device::stream_at`). A lane goes on to its next block by itself while that holds,
-//!   so the link does not wait for the device's next fault (one block ahead left the link
+//!   (`Device::stream_at`); two only, while the device lacks room for three above its
+//!   high watermark (`device_depth`: under pressure a block far ahead is the likeliest to
+//!   be evicted unused). A lane goes on to its next block by itself while that holds, so
+//!   the link does not wait for the device's next fault (one block ahead left the link
 //!   idle while the fault that queued the next block was being handled).
 //!
 //! Lifetimes: the work item owns references to the device and the region. The region's
@@ -38,7 +42,7 @@
 use crate::exec::migrate::{self, Env, Step};
 use crate::mech::{prefetch, thrash};
 use crate::obj::device::{DevStats, Device};
-use crate::obj::region::{Region, BLOCK_BYTES, BLOCK_PAGES};
+use crate::obj::region::{Region, AHEAD_LANES, BLOCK_BYTES, BLOCK_PAGES};
 use crate::obj::space::Space;
 use crate::obj::{tune, wq};
 use crate::policy::page_state::{transition, Actions, Event, Loc, Target};
@@ -52,28 +56,43 @@ use kernel::{
     workqueue::{impl_has_work, new_work, RawWorkItem, Work, WorkItem},
 };
 
-/// How many blocks read-ahead runs ahead of the block of its reader's last fault.
-pub(crate) const DEPTH: usize = 2;
+/// How many blocks read-ahead runs ahead of the block of its reader's last fault, at most
+/// (one lane each).
+pub(crate) const DEPTH: usize = AHEAD_LANES;
+
+/// How far a device's read-ahead runs: [`DEPTH`] blocks while the device has room for them
+/// above its high watermark, else two. Read-ahead never evicts, but on a device under
+/// pressure every block fetched ahead takes frames the evictor must free again, and a
+/// block fetched far ahead is the likeliest to be evicted before it is used.
+fn device_depth(dev: &Device) -> usize {
+    let room = (DEPTH * BLOCK_PAGES) as u64;
+    if dev.frames_free() >= dev.high().saturating_add(room) {
+        DEPTH
+    } else {
+        DEPTH.min(2)
+    }
+}
 
 /// A region's identity for `Device::stream_of` (compared only, never dereferenced).
 fn region_id(r: &Arc<Region>) -> usize {
     Arc::as_ptr(r) as usize
 }
 
-/// Whether the block at `next` lies at most [`DEPTH`] blocks after the one at `at`.
-fn within_depth(next: usize, at: usize) -> bool {
-    next > at && next - at <= DEPTH * BLOCK_BYTES
+/// Whether the block at `next` lies at most `depth` blocks after the one at `at`.
+fn within_depth(next: usize, at: usize, depth: usize) -> bool {
+    next > at && next - at <= depth.saturating_mul(BLOCK_BYTES)
 }
 
 /// The lane flag of the block at `block_va` among `lanes`.
-fn lane(lanes: &[AtomicBool; 2], block_va: usize) -> &AtomicBool {
+fn lane(lanes: &[AtomicBool; AHEAD_LANES], block_va: usize) -> &AtomicBool {
     &lanes[(block_va / BLOCK_BYTES) % lanes.len()]
 }
 
-/// Queues, with `queue`, each of the [`DEPTH`] blocks after the one at `block_va` whose
-/// lane is free (the lane is taken for it, and given back if `queue` fails).
-fn ahead(lanes: &[AtomicBool; 2], block_va: usize, mut queue: impl FnMut(usize) -> bool) {
-    for k in 1..=DEPTH {
+/// Queues, with `queue`, each of the `depth` (at most [`DEPTH`]) blocks after the one at
+/// `block_va` whose lane is free (the lane is taken for it, and given back if `queue`
+/// fails).
+fn ahead(lanes: &[AtomicBool; AHEAD_LANES], block_va: usize, depth: usize, mut queue: impl FnMut(usize) -> bool) {
+    for k in 1..=depth.min(DEPTH) {
         let Some(next) = k.checked_mul(BLOCK_BYTES).and_then(|d| block_va.checked_add(d)) else { return };
         let flag = lane(lanes, next);
         if flag.compare_exchange(false, true, Acquire, Relaxed).is_ok() && !queue(next) {
@@ -83,11 +102,17 @@ fn ahead(lanes: &[AtomicBool; 2], block_va: usize, mut queue: impl FnMut(usize) 
 }
 
 /// A lane's worker is done with the block at `block_va`: it queues the lane's next block
-/// with `queue` if `go_on` says the reader (last seen at block `at`) is near enough, and
-/// otherwise gives the lane back.
-fn lane_done(lanes: &[AtomicBool; 2], block_va: usize, at: usize, go_on: bool, queue: impl FnOnce(usize) -> bool) {
+/// with `queue` if `go_on` says the reader (last seen at block `at`) is within `depth`
+/// blocks of it, and otherwise gives the lane back.
+fn lane_done(
+    lanes: &[AtomicBool; AHEAD_LANES],
+    block_va: usize,
+    (at, depth): (usize, usize),
+    go_on: bool,
+    queue: impl FnOnce(usize) -> bool,
+) {
     let next = lanes.len().checked_mul(BLOCK_BYTES).and_then(|d| block_va.checked_add(d));
-    if let Some(next) = next.filter(|&n| go_on && within_depth(n, at)) {
+    if let Some(next) = next.filter(|&n| go_on && within_depth(n, at, depth)) {
         if queue(next) {
             return;
         }
@@ -120,7 +145,8 @@ impl WorkItem for ReadAhead {
         // nearby addresses).
         let ours = dev.stream_of.load(Relaxed) == region_id(r);
         let at = dev.stream_at.load(Relaxed);
-        lane_done(&dev.reading_ahead, this.block_va, at, go_on && ours, |next| queue(dev, r, next));
+        let depth = device_depth(dev);
+        lane_done(&dev.reading_ahead, this.block_va, (at, depth), go_on && ours, |next| queue(dev, r, next));
     }
 }
 
@@ -132,7 +158,7 @@ pub(crate) fn after(dev: &Arc<Device>, r: &Arc<Region>, block_va: usize) {
     }
     dev.stream_at.store(block_va, Relaxed);
     dev.stream_of.store(region_id(r), Relaxed);
-    ahead(&dev.reading_ahead, block_va, |next| queue(dev, r, next));
+    ahead(&dev.reading_ahead, block_va, device_depth(dev), |next| queue(dev, r, next));
 }
 
 /// Queues the read-ahead of the block at `block_va` of `r` for `dev` (whose lane flag
@@ -210,7 +236,7 @@ impl ReadAhead {
 ///   home, so its next [`DEPTH`] blocks are brought home while the CPU works on this one,
 ///   each on its own lane (`Region::homing_ahead`: consecutive blocks on different lanes,
 ///   one block at a time per lane): while one lane allocates host pages or commits, the
-///   other's copies keep the link busy.
+///   others' copies keep the link busy.
 /// - What: every unadvised, unpinned page of the next block held by a device, without a
 ///   duplicate, by the PREFETCH-to-host transition, in one executor batch. The pages come
 ///   home unmapped: the CPU's first touch of the block faults, maps the block's host pages
@@ -241,7 +267,7 @@ impl WorkItem for HomeAhead {
         this.fetch();
         let r = &this.region;
         let go_on = tune::READAHEAD.load(Relaxed) && !r.is_dead();
-        lane_done(&r.homing_ahead, this.block_va, r.cpu_at.load(Relaxed), go_on, |next| queue_home(r, next));
+        lane_done(&r.homing_ahead, this.block_va, (r.cpu_at.load(Relaxed), DEPTH), go_on, |next| queue_home(r, next));
     }
 }
 
@@ -253,7 +279,7 @@ pub(crate) fn home_after(r: &Arc<Region>, block_va: usize) {
         return;
     }
     r.cpu_at.store(block_va, Relaxed);
-    ahead(&r.homing_ahead, block_va, |next| queue_home(r, next));
+    ahead(&r.homing_ahead, block_va, DEPTH, |next| queue_home(r, next));
 }
 
 /// Queues the read-ahead to the host of the block at `block_va` of `r` (whose lane flag

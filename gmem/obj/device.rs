@@ -22,7 +22,7 @@ use crate::abi::GMEM_MAX_CHANNELS;
 use crate::abi::{GmemCopy, GmemDevOps, GmemDevProps, GmemPte, GMEM_DEV_CAP_MAP_2M, GMEM_DRIVER_ABI_VERSION};
 use crate::obj::dmem::{self, Charge, Limit};
 use crate::obj::dpriv::Pagemap;
-use crate::obj::region::Region;
+use crate::obj::region::{Region, AHEAD_LANES};
 use crate::policy::evict::{self as order, Clock, F_CLEAN, F_LENT, F_PINNED, F_REF, F_USED};
 use crate::policy::frames::{FrameMap, CHUNK_FRAMES};
 use crate::policy::paths;
@@ -439,7 +439,7 @@ pub(crate) struct Device {
     alive: AtomicBool,
     /// A read-ahead for this device is queued or running, per lane (`mech/readahead.rs`:
     /// consecutive blocks on different lanes, one block at a time per lane).
-    pub(crate) reading_ahead: [AtomicBool; 2],
+    pub(crate) reading_ahead: [AtomicBool; AHEAD_LANES],
     /// The block (2 MiB-aligned address) of the device fault that last asked for a
     /// read-ahead: read-ahead keeps going while it is within `readahead::DEPTH` blocks of it.
     pub(crate) stream_at: core::sync::atomic::AtomicUsize,
@@ -530,7 +530,7 @@ impl Device {
                 nr_frames,
                 drv,
                 alive: AtomicBool::new(true),
-                reading_ahead: [AtomicBool::new(false), AtomicBool::new(false)],
+                reading_ahead: [const { AtomicBool::new(false) }; AHEAD_LANES],
                 stream_at: core::sync::atomic::AtomicUsize::new(0),
                 stream_of: core::sync::atomic::AtomicUsize::new(0),
                 chan_rr: AtomicU32::new(0),

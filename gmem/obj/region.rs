@@ -120,6 +120,9 @@ pub(crate) const BLOCK_PAGES: usize = 512;
 
 /// Bytes of one block (2 MiB).
 pub(crate) const BLOCK_BYTES: usize = BLOCK_PAGES * PAGE_SIZE;
+/// Read-ahead lanes per stream (`mech/readahead.rs`): blocks in flight at once, and how
+/// many blocks read-ahead runs ahead of its reader.
+pub(crate) const AHEAD_LANES: usize = 3;
 
 /// The start of the 2 MiB-aligned block of virtual memory that holds `va`.
 pub(crate) fn block_base(va: usize) -> usize {
@@ -249,9 +252,9 @@ pub(crate) struct Region {
     /// under a block lock; teardown sets it before it empties the blocks one by one.
     dead: AtomicBool,
     /// A read-ahead of this region's device pages to the host is queued or running
-    /// (`mech/readahead.rs`), per lane: blocks alternate between the two lanes by their
-    /// index, so two consecutive blocks come home at once, one at a time per lane.
-    pub(crate) homing_ahead: [AtomicBool; 2],
+    /// (`mech/readahead.rs`), per lane: blocks go round the [`AHEAD_LANES`] lanes by their
+    /// index, so that many consecutive blocks come home at once, one at a time per lane.
+    pub(crate) homing_ahead: [AtomicBool; AHEAD_LANES],
     /// The block (2 MiB-aligned address) of the CPU fault that last asked for a read-ahead
     /// to the host; it keeps going while within `readahead::DEPTH` blocks of it.
     pub(crate) cpu_at: core::sync::atomic::AtomicUsize,
@@ -287,7 +290,7 @@ impl Region {
                 npages,
                 space,
                 dead: AtomicBool::new(false),
-                homing_ahead: [AtomicBool::new(false), AtomicBool::new(false)],
+                homing_ahead: [const { AtomicBool::new(false) }; AHEAD_LANES],
                 cpu_at: core::sync::atomic::AtomicUsize::new(0),
                 skew,
                 advice <- new_mutex!(advice, "gmem_region_advice"),
