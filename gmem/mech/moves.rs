@@ -12,9 +12,9 @@
 //! at its next chunk instead of migrating pages for a dead process.
 //!
 //! **Lanes.** A PREFETCH of more than one block runs in up to `lanes` lanes at once
-//! (`tune::LANES`, default 2): the caller and helper work items on gmem's workqueue claim
+//! (`tune::LANES`, default 3): the caller and helper work items on gmem's workqueue claim
 //! blocks from one cursor, in address order. While one lane's copies are on the link, the
-//! other sets up, commits and maps its block, so the link does not idle between blocks
+//! others set up, commit and map their blocks, so the link does not idle between blocks
 //! (a lane holds one block lock, never two: no lock nesting). PIN, UNPIN and DONTNEED stay
 //! in one lane (PIN counts what it pinned; the others are cheap).
 //!

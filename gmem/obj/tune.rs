@@ -6,7 +6,7 @@
 //! - `preevict=0|1`        background pre-eviction between the watermarks (default 1)
 //! - `peer=0|1`            park victims on peer devices with spare frames (default 1)
 //! - `readahead=0|1`       read-ahead of the next block for a streaming device (default 1)
-//! - `lanes=1..4`          blocks one PREFETCH advice works on at once (default 2)
+//! - `lanes=1..4`          blocks one PREFETCH advice works on at once (default 3)
 //! - `multipath=0|1`       route part of a large host-to-device copy through an idle peer
 //!   when the links the drivers reported make that faster (default 1)
 //! - `thrash=0|1`          thrashing detection and response (default 1)
@@ -21,7 +21,7 @@ pub(crate) static PREEVICT: AtomicBool = AtomicBool::new(true);
 pub(crate) static PEER: AtomicBool = AtomicBool::new(true);
 pub(crate) static READAHEAD: AtomicBool = AtomicBool::new(true);
 pub(crate) static MULTIPATH: AtomicBool = AtomicBool::new(true);
-pub(crate) static LANES: AtomicU32 = AtomicU32::new(2);
+pub(crate) static LANES: AtomicU32 = AtomicU32::new(3);
 /// Most lanes `lanes=` accepts.
 pub(crate) const MAX_LANES: u32 = 4;
 pub(crate) static THRASH: AtomicBool = AtomicBool::new(true);
