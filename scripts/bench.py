@@ -296,6 +296,15 @@ def markdown(d):
                  "before and after each block's copies (allocation, commit, mapping), fault handling, "
                  "and the start of each stream before read-ahead runs ahead of it.")
         L.append("")
+        df = lk.get("device_faults") or {}
+        if df.get("compute_s"):
+            L.append(f"Diagnostic: the device's checksum over the same data, already resident (no fault, no "
+                     f"migration), took {st(df.get('compute_s'), 3, 1e3)} ms against "
+                     f"{f((lk.get('bytes') or 0) / (lk.get('link_mbs') or 1) / 1e3, 3)} ms of link time. With "
+                     f"perfect overlap the device-fault run takes the slower of the two; its time over that "
+                     f"floor: {st(df.get('time_over_floor'))} (1.0 = perfect overlap). Under TCG the simulated "
+                     f"device computes on the guest's CPUs, so its speed moves with the host's.")
+            L.append("")
     # P3.
     p3 = section(L, d, "p3", "Per-page migrate-to-device + fault-back cost (P3)")
     if p3:

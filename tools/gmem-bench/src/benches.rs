@@ -618,6 +618,7 @@ impl Bench {
                     // One link: PL judges each migration against sim0's host link alone (two
                     // paths at once are P8's).
                     sys::control("multipath=0")?;
+                    let mut compute = None;
                     let (t, l0, l1) = self.counted(&mut cells[k], timed, || {
                         let r = t!(self.g.alloc(n as u64));
                         if k < 2 {
@@ -645,6 +646,14 @@ impl Bench {
                         }
                         let t = now() - t0;
                         let l1 = t!(self.s0.link());
+                        if k == 0 {
+                            // The device's own work alone: the same checksum again, every
+                            // page resident now (no fault, no migration; untimed above).
+                            let t1 = now();
+                            let o = t!(self.s0.checksum(r.addr, n as u64));
+                            compute = Some(now() - t1);
+                            ensure!(o.faults == 0 && o.result == expect, "link {kind}: resident checksum");
+                        }
                         Ok((t, l0, l1))
                     })?;
                     let path = if k < 2 { PATH_H2D } else { PATH_D2H };
@@ -663,6 +672,13 @@ impl Bench {
                         c.push("bw_mbs", n as f64 / t / 1e6);
                         c.push("ratio", n as f64 / t / 1e6 / mbps as f64);
                         c.push("link_bytes_per_page", bytes as f64 / np as f64);
+                        if let Some(tc) = compute {
+                            // The run cannot end before the slower of its link time and the
+                            // device's own work: the floor of perfect overlap.
+                            let floor = (n as f64 / (mbps as f64 * 1e6)).max(tc);
+                            c.push("compute_s", tc);
+                            c.push("time_over_floor", t / floor);
+                        }
                     }
                 }
             }
@@ -674,7 +690,8 @@ impl Bench {
         let mut out = Json::obj().with("bytes", n).with("link_mbs", mbps).with("paired_baseline_mbs", paired);
         for (k, kind) in kinds.iter().enumerate() {
             let c = &cells[k];
-            let figures = c.stats(&["time_s", "bw_mbs", "ratio", "link_bytes_per_page"]);
+            let figures =
+                c.stats(&["time_s", "bw_mbs", "ratio", "link_bytes_per_page", "compute_s", "time_over_floor"]);
             out = out.with(kind, figures.with("per_migrated_page", c.work_per_page(np)));
         }
         Ok(out)
