@@ -345,6 +345,11 @@ fn pass(dev: &Arc<Device>, want: usize, why: Why, within: Option<Within<'_>>) ->
         }
         let Ok((victims, transit)) = dev.victims(BATCH.min(want - freed).max(8), limit, ignore_low) else { break };
         in_transit |= transit > 0;
+        if victims.is_empty() && transit > 0 {
+            // The hand met only frames in transit: it has moved past them, and evictable
+            // frames (unprotected ones first) may lie beyond.
+            continue;
+        }
         if victims.is_empty() {
             if !ignore_low {
                 ignore_low = true;
@@ -388,7 +393,7 @@ fn pass(dev: &Arc<Device>, want: usize, why: Why, within: Option<Within<'_>>) ->
 /// (held by a batch in flight, without an owner yet: they become evictable once that
 /// batch commits), it waits for them and returns `true` (no progress: the caller does not
 /// count the round), at most [`TRANSIT_WAITS`] times in all, counted in `waits` (the
-/// caller's, per operation). `ENOMEM` if nothing is evictable (all pinned, or the host is
+/// caller's: per device fault, or per block of advice). `ENOMEM` if nothing is evictable (all pinned, or the host is
 /// out of memory; for a cgroup, none of its frames), or the waits are used up. The caller
 /// must have dropped its block lock.
 pub(crate) fn make_room_for(
@@ -420,9 +425,10 @@ pub(crate) fn make_room_for(
     Ok(true)
 }
 
-/// How many times one operation waits in [`make_room_for`] for frames in transit before it
-/// gives up with `ENOMEM` (a batch commits within milliseconds; a second is far beyond).
-const TRANSIT_WAITS: u32 = 1000;
+/// How many times one operation (a device fault, or one block of advice) waits in
+/// [`make_room_for`] for frames in transit before it gives up with `ENOMEM` (a batch
+/// commits within milliseconds; a fifth of a second is far beyond).
+const TRANSIT_WAITS: u32 = 200;
 
 /// Writes parked victims back to host, so that the lender can later drop them instantly;
 /// only while the lender is short of frames itself (`write_back_lent`).

@@ -49,7 +49,8 @@ pub(crate) fn cpu_fault(
     // one start coming home now, while this fault waits for its block (which a lane may
     // still be bringing home) and maps it.
     let block_va = block_base(addr);
-    if tune::PREFETCH.load(Relaxed) && block_va.checked_sub(BLOCK_BYTES) == Some(region.cpu_at.load(Relaxed)) {
+    let after_stream = block_va.checked_sub(BLOCK_BYTES) == Some(region.cpu_at.load(Relaxed));
+    if after_stream && tune::PREFETCH.load(Relaxed) {
         readahead::home_after(region, block_va);
     }
     let mut p = region.lock(&block);
@@ -66,7 +67,7 @@ pub(crate) fn cpu_fault(
     if tune::PREFETCH.load(Relaxed) {
         // Fault-around is a bet: if its bookkeeping cannot be had, the page comes alone.
         let _ = match s.loc() {
-            Loc::Device(_) => prefetch::cpu_window(region, &p, i, &mut around).map(|seq| stream = seq),
+            Loc::Device(_) => prefetch::cpu_window(region, &p, i, after_stream, &mut around).map(|seq| stream = seq),
             Loc::Host => map_around(region, &p, i, &mut around),
             _ => Ok(()),
         };
@@ -196,6 +197,8 @@ pub(crate) fn device_fault(dev: &Arc<Device>, space: &Space, addrs: &[u64], writ
     // crosses into another region.
     let mut cur: Option<(Arc<Region>, Option<&kernel::mm::virt::VmaRef>)> = None;
     let mut idx: KVec<usize> = KVec::with_capacity(migrate::BATCH_PAGES, GFP_KERNEL)?;
+    // Waits for frames in transit, over the whole fault (`evict::make_room_for`).
+    let mut waits = 0;
     // Addresses in no region: ordinary process memory, served after the regions' pages,
     // without the mmap lock (mech/sysmem.rs).
     let mut others: KVec<u64> = KVec::new();
@@ -233,7 +236,7 @@ pub(crate) fn device_fault(dev: &Arc<Device>, space: &Space, addrs: &[u64], writ
             if taken >= BLOCK_PAGES / 4 && tune::PREFETCH.load(Relaxed) {
                 readahead::after(dev, &r, block_base(a0));
             }
-            fault_pages(dev, space, &r, vma, &idx, write, d)?;
+            fault_pages(dev, space, (&r, vma), &idx, (write, d), &mut waits)?;
             rest = &rest[taken..];
             cur = Some((r, vma));
         }
@@ -279,23 +282,22 @@ fn dev_fault_step(
     Ok((next != s || a != Actions::default()).then_some(migrate::Step { i, prev: s, next, a }))
 }
 
-/// The pages `idx` (ascending, of one block of `r`) of a device fault, as executor
-/// batches; evicts and retries while the device is full.
+/// The pages `idx` (ascending, of one block of `r`, in `vma`) of a device fault (`write`,
+/// by device `d`), as executor batches; evicts and retries while the device is full,
+/// counting its waits for frames in transit in the fault's `waits`.
 fn fault_pages(
     dev: &Arc<Device>,
     space: &Space,
-    r: &Arc<Region>,
-    vma: Option<&kernel::mm::virt::VmaRef>,
+    (r, vma): (&Arc<Region>, Option<&kernel::mm::virt::VmaRef>),
     idx: &[usize],
-    write: bool,
-    d: u8,
+    (write, d): (bool, u8),
+    waits: &mut u32,
 ) -> Result {
     let mut steps: KVec<migrate::Step> = KVec::with_capacity(idx.len(), GFP_KERNEL)?;
     let Some(&i0) = idx.first() else { return Ok(()) };
     let block = r.block(i0)?;
     let mut next_page = 0;
     let mut attempts = 0;
-    let mut waits = 0;
     while next_page < idx.len() {
         let mut p = r.lock(&block);
         if r.is_dead() {
@@ -342,7 +344,7 @@ fn fault_pages(
                     next_page = idx.iter().position(|&i| i == stuck.i).unwrap_or(idx.len());
                     let want = (steps.len() - out.done).clamp(32, migrate::BATCH_PAGES);
                     let within = out.limit.as_ref().map(|limit| evict::Within { limit, mm: Some(space.mm()) });
-                    if evict::make_room_for(&stuck.a, want, Why::Fault, within, &mut waits)? {
+                    if evict::make_room_for(&stuck.a, want, Why::Fault, within, waits)? {
                         // It waited for frames in transit: not a failed round.
                         attempts -= 1;
                     }

@@ -10,7 +10,7 @@
 
 use crate::exec::migrate::{self, Env, Step};
 use crate::obj::device::{DevStats, Device, F_PREFETCHED};
-use crate::obj::region::{block_base, Pages, Region, BLOCK_BYTES, PAGE_SIZE};
+use crate::obj::region::{block_base, Pages, Region, PAGE_SIZE};
 use crate::obj::{trace, tune};
 use crate::policy::page_state::{transition, Actions, Event, Loc, Target};
 use crate::policy::prefetch::{density, read_ahead, sequential, BLOCK_PAGES};
@@ -101,27 +101,30 @@ pub(crate) fn speculate(dev: &Device, r: &Arc<Region>, vma: Option<&VmaRef>, p: 
 
 /// CPU fault-around: the pages of page `i`'s 2 MiB block that a CPU fault on `i` brings
 /// home along with it, with "resident" meaning on the host. A fault that continues a
-/// stream (the page before it is home, or it is the block's first page and the CPU has
-/// just streamed through the previous block: `Region::cpu_at`) takes the rest of the
-/// block (`policy::prefetch::sequential`); any other, the density rule (UVM applies its
-/// prefetch to CPU faults too). Returns region page indices, ascending, never `i` itself
-/// and never an advised page (advice decides placement for those), and whether the fault
-/// continues a stream.
-pub(crate) fn cpu_window(r: &Region, p: &Pages, i: usize, out: &mut KVec<usize>) -> Result<bool> {
+/// stream (the page before it is home and mapped by the CPU, or it is the block's first
+/// page and the CPU has just streamed through the previous block: `after_stream`, from
+/// `Region::cpu_at`) takes the rest of the block (`policy::prefetch::sequential`); any
+/// other, the density rule (UVM applies its prefetch to CPU faults too). Returns region
+/// page indices, ascending, never `i` itself and never an advised page (advice decides
+/// placement for those), and whether the fault continues a stream.
+pub(crate) fn cpu_window(r: &Region, p: &Pages, i: usize, after_stream: bool, out: &mut KVec<usize>) -> Result<bool> {
     let block_va = block_base(r.va(i) as usize);
-    let (mut resident, mut valid, mut faulted) = ([0u64; 8], [0u64; 8], [0u64; 8]);
+    let (mut resident, mut mapped, mut valid, mut faulted) = ([0u64; 8], [0u64; 8], [0u64; 8], [0u64; 8]);
     let k0 = (r.va(i) as usize - block_va) / PAGE_SIZE;
     faulted[k0 / 64] |= 1 << (k0 % 64);
     for k in 0..BLOCK_PAGES {
         if let Some(j) = r.index(block_va + k * PAGE_SIZE) {
             valid[k / 64] |= 1 << (k % 64);
-            if p.state(j).loc() == Loc::Host {
+            let s = p.state(j);
+            if s.loc() == Loc::Host {
                 resident[k / 64] |= 1 << (k % 64);
+                if s.cpu_mapped() {
+                    mapped[k / 64] |= 1 << (k % 64);
+                }
             }
         }
     }
-    let after_stream = block_va.checked_sub(BLOCK_BYTES) == Some(r.cpu_at.load(Relaxed));
-    let stream = sequential(&resident, &valid, k0, after_stream);
+    let stream = sequential(&resident, &mapped, &valid, k0, after_stream);
     let extra =
         stream.unwrap_or_else(|| density(&resident, &faulted, &valid, tune::PREFETCH_PCT.load(Relaxed), BLOCK_PAGES));
     let advice = *r.advice.lock();

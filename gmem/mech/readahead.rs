@@ -66,7 +66,7 @@ pub(crate) const DEPTH: usize = AHEAD_LANES;
 /// block fetched far ahead is the likeliest to be evicted before it is used.
 fn device_depth(dev: &Device) -> usize {
     let room = (DEPTH * BLOCK_PAGES) as u64;
-    if dev.frames_free() >= dev.high().saturating_add(room) {
+    if dev.frames_free_hint() >= dev.high().saturating_add(room) {
         DEPTH
     } else {
         DEPTH.min(2)
@@ -150,8 +150,9 @@ impl WorkItem for ReadAhead {
     }
 }
 
-/// Queues read-ahead of the [`DEPTH`] blocks after the one at `block_va` (2 MiB aligned) of
-/// `r` for `dev`, each if it lies in `r`, read-ahead is on, and its lane is free.
+/// Queues read-ahead of the blocks after the one at `block_va` (2 MiB aligned) of `r` for
+/// `dev`, as far as `device_depth` says, each if it lies in `r`, read-ahead is on, and its
+/// lane is free.
 pub(crate) fn after(dev: &Arc<Device>, r: &Arc<Region>, block_va: usize) {
     if !tune::READAHEAD.load(Relaxed) || !dev.alive() {
         return;
@@ -231,9 +232,11 @@ impl ReadAhead {
 /// One queued read-ahead to the host: the device pages of the block at `block_va` of
 /// `region` come home for the CPU.
 ///
-/// - When: a CPU fault left its block with nothing on a device (fault-around,
-///   `prefetch::cpu_window`, brought the rest home): the CPU streams through the region
-///   home, so its next [`DEPTH`] blocks are brought home while the CPU works on this one,
+/// - When: a CPU fault continues a stream (`prefetch::cpu_window`: queued before its own
+///   batch), enters the block after the last streamed one (`Region::cpu_at`: queued before
+///   it waits for its block's lock), or left its block with nothing on a device
+///   (fault-around brought the rest home): the CPU streams through the region home, so
+///   its next [`DEPTH`] blocks are brought home while the CPU works on this one,
 ///   each on its own lane (`Region::homing_ahead`: consecutive blocks on different lanes,
 ///   one block at a time per lane): while one lane allocates host pages or commits, the
 ///   others' copies keep the link busy.
@@ -275,10 +278,11 @@ impl WorkItem for HomeAhead {
 /// (2 MiB aligned) of `r`, each if it lies in `r` and has been touched, read-ahead is on,
 /// and its lane is free.
 pub(crate) fn home_after(r: &Arc<Region>, block_va: usize) {
+    // Recorded even with read-ahead off: CPU fault-around follows streams by it too.
+    r.cpu_at.store(block_va, Relaxed);
     if !tune::READAHEAD.load(Relaxed) {
         return;
     }
-    r.cpu_at.store(block_va, Relaxed);
     ahead(&r.homing_ahead, block_va, DEPTH, |next| queue_home(r, next));
 }
 

@@ -441,7 +441,8 @@ pub(crate) struct Device {
     /// consecutive blocks on different lanes, one block at a time per lane).
     pub(crate) reading_ahead: [AtomicBool; AHEAD_LANES],
     /// The block (2 MiB-aligned address) of the device fault that last asked for a
-    /// read-ahead: read-ahead keeps going while it is within `readahead::DEPTH` blocks of it.
+    /// read-ahead: read-ahead keeps going while it is within `readahead::device_depth`
+    /// blocks of it.
     pub(crate) stream_at: core::sync::atomic::AtomicUsize,
     /// The region of that fault, as an address compared for identity only (never
     /// dereferenced): a lane goes on only for the region it is reading ahead in, not for

@@ -255,8 +255,10 @@ pub(crate) struct Region {
     /// (`mech/readahead.rs`), per lane: blocks go round the [`AHEAD_LANES`] lanes by their
     /// index, so that many consecutive blocks come home at once, one at a time per lane.
     pub(crate) homing_ahead: [AtomicBool; AHEAD_LANES],
-    /// The block (2 MiB-aligned address) of the CPU fault that last asked for a read-ahead
-    /// to the host; it keeps going while within `readahead::DEPTH` blocks of it.
+    /// The block (2 MiB-aligned address) of the CPU fault that last streamed through the
+    /// region (`usize::MAX`: none yet): read-ahead to the host keeps going while within
+    /// `readahead::DEPTH` blocks of it, and a CPU fault on the first page of the block
+    /// after it continues the stream (`prefetch::cpu_window`).
     pub(crate) cpu_at: core::sync::atomic::AtomicUsize,
     /// Page offset of `start` within its 2 MiB virtual block (blocks are VA-aligned).
     skew: usize,
@@ -291,7 +293,7 @@ impl Region {
                 space,
                 dead: AtomicBool::new(false),
                 homing_ahead: [const { AtomicBool::new(false) }; AHEAD_LANES],
-                cpu_at: core::sync::atomic::AtomicUsize::new(0),
+                cpu_at: core::sync::atomic::AtomicUsize::new(usize::MAX),
                 skew,
                 advice <- new_mutex!(advice, "gmem_region_advice"),
                 dir <- new_mutex!(Dir { slots }, "gmem_region_dir"),

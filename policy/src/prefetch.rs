@@ -18,6 +18,9 @@
 //! [`read_ahead`] decides when a device fault starts an asynchronous fetch of the *next*
 //! block: once the faulted block is wholly resident, the device is streaming through it.
 //!
+//! [`sequential`] is the CPU's fault-around for a reader walking a block in order: the rest
+//! of the block at once, instead of the density rule's doubling one fault at a time.
+//!
 //! [`Stride`] remembers the last three fault page numbers and reports a constant, non-zero
 //! stride between them; differences that do not fit an `i64` never count as a stride.
 #![allow(dead_code, unreachable_pub)]
@@ -108,17 +111,25 @@ pub fn density(
 
 /// Sequential fault-around: the pages a fault on page `k` of a block brings along when it
 /// continues a stream, or `None` when it does not. It continues one when the page before
-/// `k` is valid and already `resident`, or when `k` is the block's first page and the reader
-/// has just streamed through the previous block (`after_stream`). The reader is then
+/// `k` is valid and `mapped` by the reader (home and touched: a page merely resident, say
+/// a never-touched host page beside device data, is no evidence of a stream), or when `k`
+/// is the block's first page and the reader has just streamed through the previous block
+/// (`after_stream`). The reader is then
 /// walking the block in order, and every valid, non-resident page after `k`, to the block's
 /// end, comes now, as the page cache's read-ahead window does: the density rule alone
 /// would need about a dozen faults per block to get there (its subregions double one fault
 /// at a time), each fault leaving the link idle. The result is a subset of `valid`,
 /// disjoint from `resident`, and holds no page at or before `k`.
-pub fn sequential(resident: &[u64; 8], valid: &[u64; 8], k: usize, after_stream: bool) -> Option<[u64; 8]> {
+pub fn sequential(
+    resident: &[u64; 8],
+    mapped: &[u64; 8],
+    valid: &[u64; 8],
+    k: usize,
+    after_stream: bool,
+) -> Option<[u64; 8]> {
     let bit = |m: &[u64; 8], p: usize| m.get(p / 64).is_some_and(|w| w & (1 << (p % 64)) != 0);
     let streaming = match k.checked_sub(1) {
-        Some(prev) => bit(valid, prev) && bit(resident, prev),
+        Some(prev) => bit(valid, prev) && bit(mapped, prev),
         None => after_stream,
     };
     if !streaming || k >= BLOCK_PAGES {
@@ -208,33 +219,38 @@ mod tests {
         let all = [u64::MAX; 8];
         // Page 9 resident, fault on 10: 11..512 come along.
         let r = set(&[9]);
-        assert_eq!(pages(&sequential(&r, &all, 10, false).unwrap()), (11..512).collect::<std::vec::Vec<_>>());
+        assert_eq!(pages(&sequential(&r, &r, &all, 10, false).unwrap()), (11..512).collect::<std::vec::Vec<_>>());
         // Resident pages further on are not fetched again; invalid ones are not fetched.
         let r = set(&[9, 100, 200]);
         let mut v = all;
         v[7] = 0;
-        let got = pages(&sequential(&r, &v, 10, false).unwrap());
+        let got = pages(&sequential(&r, &r, &v, 10, false).unwrap());
         assert_eq!(got, (11..448).filter(|&p| p != 100 && p != 200).collect::<std::vec::Vec<_>>());
         // Word edges: a fault on 63 starts at 64; on 64 (63 resident) at 65.
-        assert_eq!(pages(&sequential(&set(&[62]), &all, 63, false).unwrap())[0], 64);
-        assert_eq!(pages(&sequential(&set(&[63]), &all, 64, false).unwrap())[0], 65);
+        assert_eq!(pages(&sequential(&set(&[62]), &set(&[62]), &all, 63, false).unwrap())[0], 64);
+        assert_eq!(pages(&sequential(&set(&[63]), &set(&[63]), &all, 64, false).unwrap())[0], 65);
         // The last page: nothing after it, yet a stream.
-        assert_eq!(sequential(&set(&[510]), &all, 511, false), Some([0; 8]));
+        assert_eq!(sequential(&set(&[510]), &set(&[510]), &all, 511, false), Some([0; 8]));
     }
 
     #[test]
     fn sequential_needs_the_previous_page_or_block() {
         let all = [u64::MAX; 8];
         // Previous page not resident, or not valid: no stream.
-        assert_eq!(sequential(&set(&[5]), &all, 10, false), None);
+        assert_eq!(sequential(&set(&[5]), &set(&[5]), &all, 10, false), None);
+        // Resident but never mapped (never touched by the reader): no stream either.
+        assert_eq!(sequential(&set(&[9]), &[0; 8], &all, 10, false), None);
         let mut v = all;
         v[0] &= !(1 << 9);
-        assert_eq!(sequential(&set(&[9]), &v, 10, false), None);
+        assert_eq!(sequential(&set(&[9]), &set(&[9]), &v, 10, false), None);
         // The first page: only after the previous block was streamed.
-        assert_eq!(sequential(&[0; 8], &all, 0, false), None);
-        assert_eq!(pages(&sequential(&[0; 8], &all, 0, true).unwrap()), (1..512).collect::<std::vec::Vec<_>>());
+        assert_eq!(sequential(&[0; 8], &[0; 8], &all, 0, false), None);
+        assert_eq!(
+            pages(&sequential(&[0; 8], &[0; 8], &all, 0, true).unwrap()),
+            (1..512).collect::<std::vec::Vec<_>>()
+        );
         // Out of the block.
-        assert_eq!(sequential(&all, &all, 512, true), None);
+        assert_eq!(sequential(&all, &all, &all, 512, true), None);
     }
 
     fn set(pages: &[usize]) -> [u64; 8] {

@@ -167,8 +167,14 @@ proptest! {
     }
 
     #[test]
-    fn sequential_matches_reference(r in bitmap(), v in bitmap(), k in 0usize..BLOCK_PAGES, after in any::<bool>()) {
-        let streaming = if k == 0 { after } else { get(&v, k - 1) && get(&r, k - 1) };
+    fn sequential_matches_reference(
+        r in bitmap(),
+        m in bitmap(),
+        v in bitmap(),
+        k in 0usize..BLOCK_PAGES,
+        after in any::<bool>(),
+    ) {
+        let streaming = if k == 0 { after } else { get(&v, k - 1) && get(&m, k - 1) };
         let want = streaming.then(|| {
             let mut m = [0u64; 8];
             for q in (k + 1..BLOCK_PAGES).filter(|&q| get(&v, q) && !get(&r, q)) {
@@ -176,6 +182,6 @@ proptest! {
             }
             m
         });
-        prop_assert_eq!(sequential(&r, &v, k, after), want);
+        prop_assert_eq!(sequential(&r, &m, &v, k, after), want);
     }
 }
