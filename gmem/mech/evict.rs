@@ -393,9 +393,9 @@ fn pass(dev: &Arc<Device>, want: usize, why: Why, within: Option<Within<'_>>) ->
 /// (held by a batch in flight, without an owner yet: they become evictable once that
 /// batch commits), it waits for them and returns `true` (no progress: the caller does not
 /// count the round), at most [`TRANSIT_WAITS`] times in all, counted in `waits` (the
-/// caller's: per device fault, or per block of advice). `ENOMEM` if nothing is evictable (all pinned, or the host is
-/// out of memory; for a cgroup, none of its frames), or the waits are used up. The caller
-/// must have dropped its block lock.
+/// caller's: per device fault, or per block of advice). `ENOMEM` if nothing is evictable
+/// (all pinned, or the host is out of memory; for a cgroup, none of its frames), or the
+/// waits are used up. The caller must have dropped its block lock.
 pub(crate) fn make_room_for(
     a: &Actions,
     want: usize,

@@ -50,8 +50,12 @@ pub(crate) fn cpu_fault(
     // still be bringing home) and maps it.
     let block_va = block_base(addr);
     let after_stream = block_va.checked_sub(BLOCK_BYTES) == Some(region.cpu_at.load(Relaxed));
+    // Whether this fault has queued the read-ahead home of the blocks after its own (once
+    // per fault: a second call would find the lanes it took busy).
+    let mut queued = false;
     if after_stream && tune::PREFETCH.load(Relaxed) {
         readahead::home_after(region, block_va);
+        queued = true;
     }
     let mut p = region.lock(&block);
     if region.is_dead() {
@@ -72,10 +76,11 @@ pub(crate) fn cpu_fault(
             _ => Ok(()),
         };
     }
-    if stream {
+    if stream && !queued {
         // The CPU streams through the region: its next blocks start coming home now, while
         // this fault fetches the rest of its own block.
         readahead::home_after(region, block_va);
+        queued = true;
     }
     for &j in around.iter() {
         let sj = p.state(j);
@@ -115,7 +120,11 @@ pub(crate) fn cpu_fault(
     }
     // The CPU streams home through the region: bring its next block home meanwhile.
     let streamed = from.is_some() || steps.len() > 1;
-    if streamed && tune::PREFETCH.load(Relaxed) && !p.range().any(|j| matches!(p.state(j).loc(), Loc::Device(_))) {
+    if !queued
+        && streamed
+        && tune::PREFETCH.load(Relaxed)
+        && !p.range().any(|j| matches!(p.state(j).loc(), Loc::Device(_)))
+    {
         readahead::home_after(region, block_va);
     }
     // SAFETY: `vmf` is the live fault descriptor of a GMEM VMA.

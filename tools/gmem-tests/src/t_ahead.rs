@@ -80,6 +80,24 @@ fn stream_reads_the_next_block_ahead() -> TestResult {
     })
 }
 
+/// A region of `len` bytes plus a block, its first whole block at `a`, written by the device
+/// from there (`FILL`: word `i` is `seed + i`) and checked to be all on the device. Returns
+/// the region, `a`, and the index of `a`'s word in the region.
+fn device_written<'g>(
+    g: &'g libgmem::Gmem,
+    s: &libgmem::sim::Sim,
+    len: usize,
+    seed: u32,
+) -> Result<(libgmem::Region<'g>, u64, usize), String> {
+    let r = ok!(g.alloc((len + BLOCK) as u64));
+    let a = r.addr.next_multiple_of(BLOCK as u64);
+    let first = ((a - r.addr) / 4) as usize;
+    ok!(s.fill(a, len as u64, seed));
+    let q = ok!(g.query(a, len / 4096));
+    ensure!(q.iter().all(|&x| q_loc(x) == GMEM_LOC_DEVICE), "the device's writes are not on the device");
+    Ok((r, a, first))
+}
+
 /// The CPU reading back 8 MiB the device wrote: with read-ahead on, blocks after the first
 /// come home ahead of the CPU (counted in the space's `home_ahead`), each block costs the
 /// CPU a few faults at most (map-around maps a block brought home at once), and the CPU
@@ -88,13 +106,8 @@ fn cpu_stream_reads_home_ahead() -> TestResult {
     let (g, s) = open()?;
     const LEN: usize = 4 * BLOCK;
     on_and_off([0x0c33_0000, 0x0d44_0000], |on, seed| {
-        let r = ok!(g.alloc((LEN + BLOCK) as u64));
+        let (r, a, first) = device_written(&g, &s, LEN, seed)?;
         let pages = r.pages() as u64;
-        let a = r.addr.next_multiple_of(BLOCK as u64);
-        let first = ((a - r.addr) / 4) as usize;
-        ok!(s.fill(a, LEN as u64, seed));
-        let q = ok!(g.query(a, LEN / 4096));
-        ensure!(q.iter().all(|&w| q_loc(w) == GMEM_LOC_DEVICE), "the device's writes are not on the device");
         let (ahead0, faults0) = (space_stat(pages, "home_ahead")?, space_stat(pages, "cpu_faults")?);
         let w = words(&r);
         let bad = (0..LEN / 4).find(|&i| w[first + i] != seed.wrapping_add(i as u32));
@@ -127,13 +140,8 @@ fn cpu_sequential_fault_around() -> TestResult {
     let seed = 0x0e55_0000u32;
     control("readahead=0")?;
     let res = (|| -> TestResult {
-        let r = ok!(g.alloc((LEN + BLOCK) as u64));
+        let (r, a, first) = device_written(&g, &s, LEN, seed)?;
         let pages = r.pages() as u64;
-        let a = r.addr.next_multiple_of(BLOCK as u64);
-        let first = ((a - r.addr) / 4) as usize;
-        ok!(s.fill(a, LEN as u64, seed));
-        let q = ok!(g.query(a, LEN / 4096));
-        ensure!(q.iter().all(|&x| q_loc(x) == GMEM_LOC_DEVICE), "the device's writes are not on the device");
         let w = words(&r);
         // A lone read of page 300 of the first block.
         let lone = 300 * 1024;
