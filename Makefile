@@ -74,6 +74,8 @@ initramfs: modules user
 
 host-test: deps
 	@mkdir -p $(B)
+	@echo "[host] judge self-test (scripts/test_judge.py)"
+	@python3 scripts/test_judge.py 2> $(B)/test-judge.log || { cat $(B)/test-judge.log; exit 1; }
 	@echo "[host] module layering (scripts/check-layers.py)"
 	@python3 scripts/check-layers.py
 	@echo "[host] rustfmt --check (rustfmt.toml): workspace, gmem.ko, gmem_sim.ko"

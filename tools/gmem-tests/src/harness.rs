@@ -49,16 +49,15 @@ macro_rules! ok {
     };
 }
 
-/// Prints one result line. Where `/dev/kmsg` can be written (the test guest boots with
-/// `printk.devkmsg=on`), the line goes there as one kernel log record, which the serial
-/// console prints whole: a plain write to the console can get a kernel message (a
+/// Longest line [`say`] sends as one kernel log record: the kernel refuses a `/dev/kmsg`
+/// write longer than its record limit (1024 bytes in 7.3), and the line then goes to stdout.
+const RECORD_MAX: usize = 900;
+
+/// Prints one line for the judge. Where `/dev/kmsg` can be written (the test guest boots
+/// with `printk.devkmsg=on`), the line goes there as one kernel log record, which the
+/// serial console prints whole: a plain write to the console can get a kernel message (a
 /// provoked segfault's report, say) printed into its middle, and the judge would lose it.
-fn report(ok: bool, name: &str, why: &str) {
-    let line = if ok {
-        format!("GMEM-UTEST ok {name}\n")
-    } else {
-        format!("GMEM-UTEST not ok {name} # {}\n", why.replace('\n', " "))
-    };
+fn say(line: &str) {
     let _ = std::io::stdout().flush();
     let kmsg = std::fs::OpenOptions::new().write(true).open("/dev/kmsg");
     // One write is one record.
@@ -70,6 +69,38 @@ fn report(ok: bool, name: &str, why: &str) {
     let _ = out.flush();
 }
 
+/// Prints one result line.
+fn report(ok: bool, name: &str, why: &str) {
+    if ok {
+        say(&format!("GMEM-UTEST ok {name}\n"));
+    } else {
+        say(&format!("GMEM-UTEST not ok {name} # {}\n", why.replace('\n', " ")));
+    }
+}
+
+/// The plan as `GMEM-UTEST-PLAN name...` lines of at most [`RECORD_MAX`] bytes, so that each
+/// goes out as one record (a single line of every name, ~20 KB, went to the console as a
+/// plain write and came out with kernel messages printed into it). A name too long for a
+/// line of its own still gets one.
+fn plan_lines(names: &[&str]) -> Vec<String> {
+    const HEAD: &str = "GMEM-UTEST-PLAN";
+    let mut lines = Vec::new();
+    let mut line = String::from(HEAD);
+    for name in names {
+        if line.len() > HEAD.len() && line.len() + 1 + name.len() + 1 > RECORD_MAX {
+            line.push('\n');
+            lines.push(std::mem::replace(&mut line, String::from(HEAD)));
+        }
+        line.push(' ');
+        line.push_str(name);
+    }
+    if line.len() > HEAD.len() {
+        line.push('\n');
+        lines.push(line);
+    }
+    lines
+}
+
 /// Sets this process's OOM score adjustment (`/proc/self/oom_score_adj`).
 fn oom_score_adj(v: i32) {
     let _ = std::fs::write("/proc/self/oom_score_adj", v.to_string());
@@ -77,16 +108,14 @@ fn oom_score_adj(v: i32) {
 
 /// Runs every test in its own child process; returns the number of failures.
 ///
-/// The runner first announces the whole plan (`GMEM-UTEST-PLAN name...`) and makes itself
+/// The runner first announces the whole plan ([`plan_lines`]) and makes itself
 /// the OOM killer's last choice, so that a test whose memory use goes wrong fails alone
 /// (the judge also fails the run on any OOM kill) instead of killing the runner and
 /// silencing every later result.
 pub fn run(tests: &[Test]) -> usize {
     let names: Vec<&str> = tests.iter().map(|t| t.name).collect();
-    {
-        let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, "GMEM-UTEST-PLAN {}", names.join(" "));
-        let _ = out.flush();
+    for line in plan_lines(&names) {
+        say(&line);
     }
     oom_score_adj(-1000);
     let mut failed = 0;
@@ -317,4 +346,25 @@ pub fn space_stat(pages: u64, key: &str) -> Result<u64, String> {
         .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
         .ok_or(format!("no {key} in {line}"))?;
     v.parse().map_err(|e: std::num::ParseIntError| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plan_lines_keep_every_name_in_order_within_a_record() {
+        let owned: Vec<String> = (0..700).map(|i| format!("some_guest_test_number_{i}")).collect();
+        let names: Vec<&str> = owned.iter().map(String::as_str).collect();
+        let lines = plan_lines(&names);
+        assert!(lines.len() > 1);
+        let mut back = Vec::new();
+        for l in &lines {
+            assert!(l.len() <= RECORD_MAX, "{} bytes", l.len());
+            let body = l.strip_prefix("GMEM-UTEST-PLAN ").and_then(|b| b.strip_suffix('\n'));
+            back.extend(body.expect("a plan line").split(' '));
+        }
+        assert_eq!(back, names);
+        assert!(plan_lines(&[]).is_empty());
+    }
 }
