@@ -32,7 +32,7 @@ use crate::obj::device::{Ctx, DevStats, Device, DeviceOps, Owner, F_PREFERRED_SP
 use crate::obj::dmem::Limit;
 use crate::obj::region::Region;
 use crate::obj::region::{adv, ADVICE_RUNS};
-use crate::obj::{devices, trace, tune};
+use crate::obj::{devices, sched, trace, tune};
 use crate::policy::evict::{reclaim_target, write_back_lent, F_REF};
 use crate::policy::page_state::Target;
 use crate::policy::page_state::{transition, Actions, Copy, Event, Loc};
@@ -395,7 +395,9 @@ fn pass(dev: &Arc<Device>, want: usize, why: Why, within: Option<Within<'_>>) ->
 /// count the round), at most [`TRANSIT_WAITS`] times in all, counted in `waits` (the
 /// caller's: per device fault, or per block of advice). `ENOMEM` if nothing is evictable
 /// (all pinned, or the host is out of memory; for a cgroup, none of its frames), or the
-/// waits are used up. The caller must have dropped its block lock.
+/// waits are used up; `EINTR` instead of a wait if the current task is being killed (a
+/// worker, which takes no signals, must check its own reason to stop). The caller must
+/// have dropped its block lock.
 pub(crate) fn make_room_for(
     a: &Actions,
     want: usize,
@@ -417,6 +419,9 @@ pub(crate) fn make_room_for(
     }
     if !done.in_transit || *waits >= TRANSIT_WAITS {
         return Err(ENOMEM);
+    }
+    if sched::fatal_signal_pending() {
+        return Err(EINTR);
     }
     *waits += 1;
     DevStats::add(&full.stats.transit_waits, 1);

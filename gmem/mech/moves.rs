@@ -23,7 +23,9 @@
 //! the caller's lane also checks for a fatal signal (its own task's: a helper runs on a
 //! kworker). A stop or the first error of any lane stops every lane (`EINTR` or that
 //! error): a lane finishes the block it is in, claims no more and is done. So once the
-//! owner is cancelled, at most one block per lane is still moved. A process that exits
+//! owner is cancelled, at most one block per lane is still moved. A lane that must wait
+//! for room inside its block (eviction, or frames in transit, which can take a fifth of a
+//! second) checks the same reasons first and ends its block early instead. A process that exits
 //! does not close the file at once (its mappings hold it until the address space is torn
 //! down), so the lanes also stop when nobody but gmem's workers uses the address space any
 //! more: each lane takes its reference for a block through `Space::mm_for_worker`, which
@@ -141,7 +143,7 @@ fn move_range(
         let chunk_end = core::cmp::min(end, region.block_pages(i).end);
         // Only while the process (anyone but gmem's workers) still uses the address space.
         let mm = region.space.mm_for_worker().ok_or(EFAULT)?;
-        move_block(region, &mm, i, chunk_end, event, dev, pinned)?;
+        move_block(region, &mm, i, chunk_end, event, dev, pinned, &|| stopped(cancel, true))?;
         i = chunk_end;
         sched::cond_resched();
     }
@@ -149,7 +151,10 @@ fn move_range(
 }
 
 /// One chunk: the pages `first..chunk_end` of one block, under one mmap read lock and one
-/// block lock (dropped only to evict).
+/// block lock (dropped only to evict). Each time it must wait for room, it first asks
+/// `stop` (called without the block lock) whether its lane should end instead: a wait
+/// for frames in transit can last a fifth of a second.
+#[allow(clippy::too_many_arguments)]
 fn move_block(
     region: &Arc<Region>,
     mm: &MmWithUser,
@@ -158,6 +163,7 @@ fn move_block(
     event: Event,
     dev: &Option<Arc<Device>>,
     pinned: &mut u64,
+    stop: &dyn Fn() -> Result,
 ) -> Result {
     let space = &region.space;
     let mmap = mm.mmap_read_lock();
@@ -207,6 +213,7 @@ fn move_block(
                     // (within that cgroup; without the block lock), then retry.
                     let acts = steps[out.done].a;
                     drop(p);
+                    stop()?;
                     retries = if out.done > 0 { 1 } else { retries + 1 };
                     if retries > 64 {
                         return Err(ENOMEM);
@@ -301,6 +308,18 @@ impl Lanes {
         }
     }
 
+    /// `EINTR` once this lane should end inside its block: the owner cancelled, the
+    /// caller's task is being killed (in the caller's lane), or another lane stopped
+    /// them all (the caller's kill, or an error). Takes [`Lanes::state`]: call it without
+    /// a block lock.
+    fn stopped(&self, helper: bool) -> Result {
+        stopped(self.cancel.as_ref(), !helper)?;
+        if self.state.lock().stop {
+            return Err(EINTR);
+        }
+        Ok(())
+    }
+
     /// Runs chunks until none is left; a cancellation (or, in the caller's lane, a fatal
     /// signal) seen before a claim stops every lane.
     fn work(&self, helper: bool) {
@@ -314,7 +333,9 @@ impl Lanes {
             // A reference for this block, if anyone but gmem's workers still uses the
             // address space (the process, normally).
             let r = match self.region.space.mm_for_worker() {
-                Some(mm) => move_block(&self.region, &mm, i, e, self.event, &self.dev, &mut pinned),
+                Some(mm) => {
+                    move_block(&self.region, &mm, i, e, self.event, &self.dev, &mut pinned, &|| self.stopped(helper))
+                }
                 None => Err(EFAULT),
             };
             self.done(r, helper);
