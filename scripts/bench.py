@@ -305,6 +305,18 @@ def markdown(d):
                      f"floor: {st(df.get('time_over_floor'))} (1.0 = perfect overlap). Under TCG the simulated "
                      f"device computes on the guest's CPUs, so its speed moves with the host's.")
             L.append("")
+        cpu = [(name, lk.get(key) or {}) for key, name in
+               (("device_faults", "device faults"), ("explicit_prefetch", "PREFETCH"), ("cpu_faults", "CPU faults"))]
+        cpu = [(name, c) for name, c in cpu if c.get("cpus_busy")]
+        if cpu:
+            L.append("Diagnostic: the guest's CPUs during each run (/proc/schedstat): on average "
+                     + "; ".join(f"{name} {st(c.get('cpus_busy'))} CPUs busy, runnable tasks waited "
+                                 f"{st(c.get('cpu_wait_s'), 3, 1e3)} ms in all for a CPU, "
+                                 f"{st(c.get('cpu_wait_each_s'), 3, 1e3)} ms each time one got it"
+                                 for name, c in cpu)
+                     + f" (the guest has {env.get('cpus')} vCPUs; a run that kept them all busy would be "
+                       f"bound by the simulation's CPU work, not by the link).")
+            L.append("")
     # P3.
     p3 = section(L, d, "p3", "Per-page migrate-to-device + fault-back cost (P3)")
     if p3:

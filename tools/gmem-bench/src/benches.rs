@@ -619,6 +619,7 @@ impl Bench {
                     // paths at once are P8's).
                     sys::control("multipath=0")?;
                     let mut compute = None;
+                    let (mut cpus_busy, mut cpu_wait, mut wait_each) = (Vec::new(), Vec::new(), Vec::new());
                     let (t, l0, l1) = self.counted(&mut cells[k], timed, || {
                         let r = t!(self.g.alloc(n as u64));
                         if k < 2 {
@@ -628,6 +629,10 @@ impl Bench {
                             t!(self.s0.fill(r.addr, n as u64, 0x5151));
                         }
                         let l0 = t!(self.s0.link());
+                        // The kernel adds a task's run time to the totals when it leaves
+                        // its CPU: a short sleep on either side of the run flushes this
+                        // thread's (it computes, in the device's launches).
+                        let (s0, w0) = (sys::settled_sched_totals(), now());
                         let t0 = now();
                         match k {
                             0 => {
@@ -645,7 +650,20 @@ impl Bench {
                             }
                         }
                         let t = now() - t0;
+                        let s1 = sys::settled_sched_totals();
+                        let w = now() - w0;
                         let l1 = t!(self.s0.link());
+                        if let (Some(a), Some(b), true) = (s0, s1, timed) {
+                            // How much CPU the run had, and how long runnable tasks (the
+                            // device's compute, copy workers, gmem's lanes) waited for one.
+                            cpus_busy.push(b.run_ns.saturating_sub(a.run_ns) as f64 / 1e9 / w);
+                            let waited = b.wait_ns.saturating_sub(a.wait_ns) as f64 / 1e9;
+                            cpu_wait.push(waited);
+                            let arrivals = b.arrivals.saturating_sub(a.arrivals);
+                            if arrivals > 0 {
+                                wait_each.push(waited / arrivals as f64);
+                            }
+                        }
                         if k == 0 {
                             // The device's own work alone: the same checksum again, every
                             // page resident now (no fault, no migration; untimed above).
@@ -672,6 +690,13 @@ impl Bench {
                         c.push("bw_mbs", n as f64 / t / 1e6);
                         c.push("ratio", n as f64 / t / 1e6 / mbps as f64);
                         c.push("link_bytes_per_page", bytes as f64 / np as f64);
+                        for (key, v) in
+                            [("cpus_busy", &cpus_busy), ("cpu_wait_s", &cpu_wait), ("cpu_wait_each_s", &wait_each)]
+                        {
+                            if let Some(x) = v.last() {
+                                c.push(key, *x);
+                            }
+                        }
                         if let Some(tc) = compute {
                             // The run cannot end before the slower of its link time and the
                             // device's own work: the floor of perfect overlap.
@@ -690,8 +715,17 @@ impl Bench {
         let mut out = Json::obj().with("bytes", n).with("link_mbs", mbps).with("paired_baseline_mbs", paired);
         for (k, kind) in kinds.iter().enumerate() {
             let c = &cells[k];
-            let figures =
-                c.stats(&["time_s", "bw_mbs", "ratio", "link_bytes_per_page", "compute_s", "time_over_floor"]);
+            let figures = c.stats(&[
+                "time_s",
+                "bw_mbs",
+                "ratio",
+                "link_bytes_per_page",
+                "compute_s",
+                "time_over_floor",
+                "cpus_busy",
+                "cpu_wait_s",
+                "cpu_wait_each_s",
+            ]);
             out = out.with(kind, figures.with("per_migrated_page", c.work_per_page(np)));
         }
         Ok(out)

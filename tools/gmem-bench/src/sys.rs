@@ -45,6 +45,53 @@ pub fn stat_json(v: &[f64]) -> Json {
     Stat::of(v).map_or(Json::Null, |s| s.json())
 }
 
+/// The scheduler's totals over every CPU, from `/proc/schedstat` (the guest kernel has
+/// `CONFIG_SCHEDSTATS`): nanoseconds tasks other than idle ran, nanoseconds runnable
+/// tasks waited for a CPU, and how many times a task got a CPU. The kernel adds a task's run time when it leaves its CPU, so a
+/// difference over a short window is off by what the tasks running at either end had run
+/// since they last got their CPU.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SchedTotals {
+    pub run_ns: u64,
+    pub wait_ns: u64,
+    pub arrivals: u64,
+}
+
+pub fn sched_totals() -> Option<SchedTotals> {
+    parse_schedstat(&std::fs::read_to_string("/proc/schedstat").ok()?)
+}
+
+/// [`sched_totals`] after a 1 ms sleep, which makes the calling thread leave its CPU and
+/// so brings its own run time into the totals.
+pub fn settled_sched_totals() -> Option<SchedTotals> {
+    std::thread::sleep(std::time::Duration::from_millis(1));
+    sched_totals()
+}
+
+/// Sums the `cpuN` lines of a `/proc/schedstat` text (version 17: after the name come
+/// yld_count, 0, sched_count, sched_goidle, ttwu_count, ttwu_local, rq_cpu_time,
+/// run_delay, pcount). `None` for another version or no CPU line.
+fn parse_schedstat(text: &str) -> Option<SchedTotals> {
+    let mut lines = text.lines();
+    if lines.next()?.trim() != "version 17" {
+        return None;
+    }
+    let mut t = SchedTotals::default();
+    let mut cpus = 0;
+    for l in lines {
+        let mut w = l.split_whitespace();
+        if !w.next().is_some_and(|n| n.starts_with("cpu")) {
+            continue;
+        }
+        let f: Vec<u64> = w.map(str::parse).collect::<Result<_, _>>().ok()?;
+        t.run_ns = t.run_ns.checked_add(*f.get(6)?)?;
+        t.wait_ns = t.wait_ns.checked_add(*f.get(7)?)?;
+        t.arrivals = t.arrivals.checked_add(*f.get(8)?)?;
+        cpus += 1;
+    }
+    (cpus > 0).then_some(t)
+}
+
 const CONTROL: &str = "/sys/kernel/debug/gmem/control";
 
 pub fn control(cmd: &str) -> Result<(), String> {
@@ -353,5 +400,15 @@ mod tests {
         assert_eq!((s.median, s.min, s.max, s.n), (2.0, 1.0, 3.0, 3));
         assert_eq!(Stat::of(&[1.0, 2.0]).unwrap().median, 1.5);
         assert!(Stat::of(&[]).is_none());
+    }
+
+    #[test]
+    fn schedstat_sums_the_cpu_lines() {
+        let text = "version 17\ntimestamp 4295\ncpu0 0 0 10 2 5 3 1000 200 7\ndomain0 MC 3 1 2 3\n\
+                    cpu1 0 0 11 2 5 3 3000 50 9\ndomain0 MC 3 1 2 3\n";
+        assert_eq!(parse_schedstat(text), Some(SchedTotals { run_ns: 4000, wait_ns: 250, arrivals: 16 }));
+        assert_eq!(parse_schedstat(&text.replace("version 17", "version 16")), None);
+        assert_eq!(parse_schedstat("version 17\ntimestamp 1\n"), None);
+        assert_eq!(parse_schedstat("version 17\ncpu0 0 0 1 2\n"), None);
     }
 }
