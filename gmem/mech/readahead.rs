@@ -6,8 +6,10 @@
 //!
 //! - When: a device fault batch left its block wholly resident on the device
 //!   (`policy::prefetch::read_ahead`; the density rule, `prefetch.rs`, fetched the rest),
-//!   or covers a quarter of a block or more (`fault::device_fault`, before its own pages
-//!   are fetched, so that the link is busy from the start of a stream). The next
+//!   or covers a quarter of a block or more (`fault::device_fault`, once its own pages
+//!   are fetched and before the density rule fetches the rest of their block, so that
+//!   the link is busy from the start of a stream without putting read-ahead in front of
+//!   the pages the device waits for). The next
 //!   blocks of the same region, up to [`DEPTH`] (three), are then queued on gmem's
 //!   workqueue, each on its lane (`Device::reading_ahead`: consecutive blocks on
 //!   different lanes, one block at a time per lane; a busy lane starts nothing). Up to
