@@ -211,7 +211,14 @@ pub(crate) fn device_fault(dev: &Arc<Device>, space: &Space, addrs: &[u64], writ
     // Addresses in no region: ordinary process memory, served after the regions' pages,
     // without the mmap lock (mech/sysmem.rs).
     let mut others: KVec<u64> = KVec::new();
-    for block in batch::by_block(addrs) {
+    // Read-ahead is asked for by the fault's last block, or else, at the end, after the
+    // last block that would have asked (`pending`): asked for by an earlier block, it
+    // queued its blocks on the link in front of the later blocks this fault still fetches
+    // (the next one among them).
+    let mut pending: Option<(Arc<Region>, usize)> = None;
+    let mut blocks = batch::by_block(addrs).peekable();
+    while let Some(block) = blocks.next() {
+        let last = blocks.peek().is_none();
         let mut faulted = [0u64; 8];
         let mut rest = block;
         while let Some(&a0) = rest.first() {
@@ -247,7 +254,12 @@ pub(crate) fn device_fault(dev: &Arc<Device>, space: &Space, addrs: &[u64], writ
             // pages the device waits for (a trace of PL: the first fault of a stream took
             // 12 ms, 8 of them behind read-ahead; about 5 ms after this change).
             if taken >= BLOCK_PAGES / 4 && tune::PREFETCH.load(Relaxed) {
-                readahead::after(dev, &r, block_base(a0));
+                if last {
+                    readahead::after(dev, &r, block_base(a0));
+                    pending = None;
+                } else {
+                    pending = Some((r.clone(), block_base(a0)));
+                }
             }
             rest = &rest[taken..];
             cur = Some((r, vma));
@@ -258,10 +270,18 @@ pub(crate) fn device_fault(dev: &Arc<Device>, space: &Space, addrs: &[u64], writ
                 if prefetch::on_fault(dev, r, *vma, block_va, &faulted) {
                     // The device streams through the region: fetch its next block while
                     // it computes on this one.
-                    readahead::after(dev, r, block_va);
+                    if last {
+                        readahead::after(dev, r, block_va);
+                        pending = None;
+                    } else {
+                        pending = Some((r.clone(), block_va));
+                    }
                 }
             }
         }
+    }
+    if let Some((r, block_va)) = &pending {
+        readahead::after(dev, r, *block_va);
     }
     drop(mmap);
     drop(mm);
