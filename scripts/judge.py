@@ -74,10 +74,10 @@ def judge_console(path, expect_suites, res):
             suite_stack.append((indent, m.group(1)))
             seen_suites.add(m.group(1))
             continue
-        m = PLAN.search(line)
-        if m:
+        # Every plan record on the line (one may follow other text, even another plan);
+        # a result on the same line is still read below.
+        for m in PLAN.finditer(line):
             planned.extend(m.group(1).split())
-            continue
         m = UTEST.search(line)
         if m:
             reported.add(m.group(2))

@@ -55,6 +55,12 @@ class Plan(unittest.TestCase):
         self.assertEqual(res["fail"], [(f"guest/{NAMES[-1]}",
                                         "planned but never reported (test runner died?)")])
 
+    def test_two_plans_on_one_line(self):
+        log = ("GMEM-UTEST-PLAN x[    1.000000] GMEM-UTEST-PLAN a b\n"
+               + results(["x", "a"]))
+        res = judged(log)
+        self.assertEqual(res["fail"], [("guest/b", "planned but never reported (test runner died?)")])
+
     def test_no_end_marker_fails(self):
         res = judged("GMEM-UTEST-PLAN a b\n" + results(["a", "b"], end=""))
         self.assertEqual([n for n, _ in res["fail"]], ["guest"])

@@ -395,8 +395,8 @@ fn pass(dev: &Arc<Device>, want: usize, why: Why, within: Option<Within<'_>>) ->
 /// count the round), at most [`TRANSIT_WAITS`] times in all, counted in `waits` (the
 /// caller's: per device fault, or per block of advice). `ENOMEM` if nothing is evictable
 /// (all pinned, or the host is out of memory; for a cgroup, none of its frames), or the
-/// waits are used up; `EINTR` instead of a wait if the current task is being killed (a
-/// worker, which takes no signals, must check its own reason to stop). The caller must
+/// waits are used up; `EINTR`, before anything else, if the current task is being killed
+/// (a worker, which takes no signals, must check its own reason to stop). The caller must
 /// have dropped its block lock.
 pub(crate) fn make_room_for(
     a: &Actions,
@@ -405,6 +405,11 @@ pub(crate) fn make_room_for(
     within: Option<Within<'_>>,
     waits: &mut u32,
 ) -> Result<bool> {
+    // The faults and advice of a task that is being killed are for nothing: it neither
+    // evicts (other processes' pages, maybe) nor waits.
+    if sched::fatal_signal_pending() {
+        return Err(EINTR);
+    }
     let full = a.alloc_frame.and_then(|d| devices::get(d as usize)).ok_or(ENOMEM)?;
     let done = pass(&full, want, why, within);
     if done.freed > 0 {
@@ -419,9 +424,6 @@ pub(crate) fn make_room_for(
     }
     if !done.in_transit || *waits >= TRANSIT_WAITS {
         return Err(ENOMEM);
-    }
-    if sched::fatal_signal_pending() {
-        return Err(EINTR);
     }
     *waits += 1;
     DevStats::add(&full.stats.transit_waits, 1);

@@ -247,7 +247,7 @@ pub(crate) fn device_fault(dev: &Arc<Device>, space: &Space, addrs: &[u64], writ
             }
             fault_pages(dev, space, (&r, vma), &idx, (write, d), &mut waits)?;
             // A batch that covers a quarter of a block or more is a stream: its next
-            // blocks start coming in now, while the density rule fetches the rest of this
+            // blocks start coming in now (asked by the fault's last block: `pending`), while the density rule fetches the rest of this
             // one (below), rather than once this one is wholly resident. Not before this
             // batch: the link serves copies in the order they are started, and read-ahead
             // of three blocks started first put three blocks' link time in front of the

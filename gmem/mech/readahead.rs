@@ -9,7 +9,8 @@
 //!   or covers a quarter of a block or more (`fault::device_fault`, once its own pages
 //!   are fetched and before the density rule fetches the rest of their block, so that
 //!   the link is busy from the start of a stream without putting read-ahead in front of
-//!   the pages the device waits for). The next
+//!   the pages the device waits for). A fault over several blocks asks for its last
+//!   block only (or, if only an earlier one qualified, once it has fetched them all). The next
 //!   blocks of the same region, up to [`DEPTH`] (three), are then queued on gmem's
 //!   workqueue, each on its lane (`Device::reading_ahead`: consecutive blocks on
 //!   different lanes, one block at a time per lane; a busy lane starts nothing). Up to

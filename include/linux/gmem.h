@@ -353,7 +353,8 @@ void *gmem_space_ctx(struct gmem_dev *dev, struct gmem_space *space);
  * exiting;
  * -EPERM a write to process memory the process may only read, or to a shadow stack
  * (outside GMEM regions);
- * -EINTR a fatal signal while faulting in process memory;
+ * -EINTR a fatal signal while faulting in process memory, or, on a full device,
+ * instead of evicting or waiting for frames in transit for the calling task;
  * -ENODEV the device, or a device a page must be copied from or to, is unregistering;
  * -EBUSY the page is pinned on another device; or (process memory outside the regions)
  * the process kept changing that memory while it was faulted in (64 snapshots in a row

@@ -628,11 +628,12 @@ impl Bench {
                             // Written by the device (placed there by zero fills: no link).
                             t!(self.s0.fill(r.addr, n as u64, 0x5151));
                         }
-                        let l0 = t!(self.s0.link());
                         // The kernel adds a task's run time to the totals when it leaves
                         // its CPU: a short sleep on either side of the run flushes this
-                        // thread's (it computes, in the device's launches).
+                        // thread's (it computes, in the device's launches). The link's
+                        // counters are read inside those sleeps.
                         let (s0, w0) = (sys::settled_sched_totals(), now());
+                        let l0 = t!(self.s0.link());
                         let t0 = now();
                         match k {
                             0 => {
@@ -650,9 +651,9 @@ impl Bench {
                             }
                         }
                         let t = now() - t0;
+                        let l1 = t!(self.s0.link());
                         let s1 = sys::settled_sched_totals();
                         let w = now() - w0;
-                        let l1 = t!(self.s0.link());
                         if let (Some(a), Some(b), true) = (s0, s1, timed) {
                             // How much CPU the run had, and how long runnable tasks (the
                             // device's compute, copy workers, gmem's lanes) waited for one.

@@ -47,9 +47,9 @@ pub fn stat_json(v: &[f64]) -> Json {
 
 /// The scheduler's totals over every CPU, from `/proc/schedstat` (the guest kernel has
 /// `CONFIG_SCHEDSTATS`): nanoseconds tasks other than idle ran, nanoseconds runnable
-/// tasks waited for a CPU, and how many times a task got a CPU. The kernel adds a task's run time when it leaves its CPU, so a
-/// difference over a short window is off by what the tasks running at either end had run
-/// since they last got their CPU.
+/// tasks waited for a CPU, and how many times a task got a CPU. The kernel adds a task's
+/// run time when it leaves its CPU, so a difference over a short window is off by what
+/// the tasks running at either end had run since they last got their CPU.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct SchedTotals {
     pub run_ns: u64,
