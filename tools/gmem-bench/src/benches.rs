@@ -634,6 +634,7 @@ impl Bench {
                         // counters are read inside those sleeps.
                         let (s0, w0) = (sys::settled_sched_totals(), now());
                         let l0 = t!(self.s0.link());
+                        sys::trace_mark(&format!("GMEM-PL start {kind} {rep}"));
                         let t0 = now();
                         match k {
                             0 => {
@@ -651,6 +652,7 @@ impl Bench {
                             }
                         }
                         let t = now() - t0;
+                        sys::trace_mark(&format!("GMEM-PL end {kind} {rep}"));
                         let l1 = t!(self.s0.link());
                         let s1 = sys::settled_sched_totals();
                         let w = now() - w0;

@@ -45,6 +45,12 @@ pub fn stat_json(v: &[f64]) -> Json {
     Stat::of(v).map_or(Json::Null, |s| s.json())
 }
 
+/// Writes `msg` into the ftrace buffer (`trace_marker`) when the guest traces the run
+/// (`make bench BENCH_TRACE=1`); nothing otherwise. Call it outside timed spans.
+pub fn trace_mark(msg: &str) {
+    let _ = std::fs::write("/sys/kernel/tracing/trace_marker", msg);
+}
+
 /// The scheduler's totals over every CPU, from `/proc/schedstat` (the guest kernel has
 /// `CONFIG_SCHEDSTATS`): nanoseconds tasks other than idle ran, nanoseconds runnable
 /// tasks waited for a CPU, and how many times a task got a CPU. The kernel adds a task's
