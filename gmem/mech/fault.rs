@@ -212,7 +212,8 @@ pub(crate) fn device_fault(dev: &Arc<Device>, space: &Space, addrs: &[u64], writ
     // without the mmap lock (mech/sysmem.rs).
     let mut others: KVec<u64> = KVec::new();
     // Read-ahead is asked for by the fault's last block, or else, at the end, after the
-    // last block that would have asked (`pending`): asked for by an earlier block, it
+    // last block that would have asked (`pending`; the density rule's request waits there
+    // too, which for the last block is right away): asked for by an earlier block, it
     // queued its blocks on the link in front of the later blocks this fault still fetches
     // (the next one among them).
     let mut pending: Option<(Arc<Region>, usize)> = None;
@@ -247,8 +248,9 @@ pub(crate) fn device_fault(dev: &Arc<Device>, space: &Space, addrs: &[u64], writ
             }
             fault_pages(dev, space, (&r, vma), &idx, (write, d), &mut waits)?;
             // A batch that covers a quarter of a block or more is a stream: its next
-            // blocks start coming in now (asked by the fault's last block: `pending`), while the density rule fetches the rest of this
-            // one (below), rather than once this one is wholly resident. Not before this
+            // blocks start coming in now (if this is the fault's last block: `pending`),
+            // while the density rule fetches the rest of this one (below), rather than
+            // once this one is wholly resident. Not before this
             // batch: the link serves copies in the order they are started, and read-ahead
             // of three blocks started first put three blocks' link time in front of the
             // pages the device waits for (a trace of PL: the first fault of a stream took
@@ -270,12 +272,7 @@ pub(crate) fn device_fault(dev: &Arc<Device>, space: &Space, addrs: &[u64], writ
                 if prefetch::on_fault(dev, r, *vma, block_va, &faulted) {
                     // The device streams through the region: fetch its next block while
                     // it computes on this one.
-                    if last {
-                        readahead::after(dev, r, block_va);
-                        pending = None;
-                    } else {
-                        pending = Some((r.clone(), block_va));
-                    }
+                    pending = Some((r.clone(), block_va));
                 }
             }
         }

@@ -25,9 +25,9 @@
 //! error): a lane finishes the block it is in, claims no more and is done. So once the
 //! owner is cancelled, at most one block per lane is still moved. A lane that must wait
 //! for room inside its block (eviction, or frames in transit, which can take a fifth of a
-//! second) checks the same reasons first and ends its block early instead. A process that exits
-//! does not close the file at once (its mappings hold it until the address space is torn
-//! down), so the lanes also stop when nobody but gmem's workers uses the address space any
+//! second) checks the same reasons first and ends its block early instead. A process
+//! that exits does not close the file at once (its mappings hold it until the address
+//! space is torn down), so the lanes also stop when nobody but gmem's workers uses the address space any
 //! more: each lane takes its reference for a block through `Space::mm_for_worker`, which
 //! counts the references gmem's workers hold, exactly, and gives it back under the same
 //! lock. Two lanes taking turns at `mmget_not_zero` would otherwise keep a dead process's

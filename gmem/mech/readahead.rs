@@ -10,9 +10,9 @@
 //!   are fetched and before the density rule fetches the rest of their block, so that
 //!   the link is busy from the start of a stream without putting read-ahead in front of
 //!   the pages the device waits for). A fault over several blocks asks for its last
-//!   block only (or, if only an earlier one qualified, once it has fetched them all). The next
-//!   blocks of the same region, up to [`DEPTH`] (three), are then queued on gmem's
-//!   workqueue, each on its lane (`Device::reading_ahead`: consecutive blocks on
+//!   block only (or, if only an earlier one qualified, once it has fetched them all).
+//!   The next blocks of the same region, up to [`DEPTH`] (three), are then queued on
+//!   gmem's workqueue, each on its lane (`Device::reading_ahead`: consecutive blocks on
 //!   different lanes, one block at a time per lane; a busy lane starts nothing). Up to
 //!   three blocks thus come in at once: while one lane allocates frames or commits, the
 //!   others' copies keep the link busy (one worker alone left the link idle about a

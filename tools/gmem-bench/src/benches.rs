@@ -619,7 +619,8 @@ impl Bench {
                     // paths at once are P8's).
                     sys::control("multipath=0")?;
                     let mut compute = None;
-                    let (mut cpus_busy, mut cpu_wait, mut wait_each) = (Vec::new(), Vec::new(), Vec::new());
+                    // The scheduler's figures of the run: (CPUs busy, waited in all, waited each).
+                    let mut sched = None;
                     let (t, l0, l1) = self.counted(&mut cells[k], timed, || {
                         let r = t!(self.g.alloc(n as u64));
                         if k < 2 {
@@ -656,16 +657,13 @@ impl Bench {
                         let l1 = t!(self.s0.link());
                         let s1 = sys::settled_sched_totals();
                         let w = now() - w0;
-                        if let (Some(a), Some(b), true) = (s0, s1, timed) {
+                        if let (Some(a), Some(b)) = (s0, s1) {
                             // How much CPU the run had, and how long runnable tasks (the
                             // device's compute, copy workers, gmem's lanes) waited for one.
-                            cpus_busy.push(b.run_ns.saturating_sub(a.run_ns) as f64 / 1e9 / w);
                             let waited = b.wait_ns.saturating_sub(a.wait_ns) as f64 / 1e9;
-                            cpu_wait.push(waited);
                             let arrivals = b.arrivals.saturating_sub(a.arrivals);
-                            if arrivals > 0 {
-                                wait_each.push(waited / arrivals as f64);
-                            }
+                            let each = (arrivals > 0).then(|| waited / arrivals as f64);
+                            sched = Some((b.run_ns.saturating_sub(a.run_ns) as f64 / 1e9 / w, waited, each));
                         }
                         if k == 0 {
                             // The device's own work alone: the same checksum again, every
@@ -693,11 +691,11 @@ impl Bench {
                         c.push("bw_mbs", n as f64 / t / 1e6);
                         c.push("ratio", n as f64 / t / 1e6 / mbps as f64);
                         c.push("link_bytes_per_page", bytes as f64 / np as f64);
-                        for (key, v) in
-                            [("cpus_busy", &cpus_busy), ("cpu_wait_s", &cpu_wait), ("cpu_wait_each_s", &wait_each)]
-                        {
-                            if let Some(x) = v.last() {
-                                c.push(key, *x);
+                        if let Some((busy, waited, each)) = sched {
+                            c.push("cpus_busy", busy);
+                            c.push("cpu_wait_s", waited);
+                            if let Some(x) = each {
+                                c.push("cpu_wait_each_s", x);
                             }
                         }
                         if let Some(tc) = compute {
