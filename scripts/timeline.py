@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
-"""Timeline of one PL run from a traced bench console (make bench BENCH_TRACE=1).
+"""Timeline of one PL or P4 run from a traced bench console (make bench BENCH_TRACE=1).
 
 The guest prints its ftrace buffer between GMEM-TRACE-BEGIN and GMEM-TRACE-END: gmem's
 events (device faults with their service time, copy-engine calls, density prefetch,
 eviction), the scheduler's switches and wakeups, and gmem-bench's markers around each
-timed PL run ("GMEM-PL start <kind> <rep>", "GMEM-PL end ..."). Times print in ms from
-the run's start.
+timed PL run ("GMEM-PL start <kind> <rep>", "GMEM-PL end ...") and each P4 run
+("GMEM-P4 start <config>_<kind>_<factor x 100> <rep>"). Times print in ms from the run's
+start.
 
 usage: timeline.py --console LOG                       list the traced runs
        timeline.py --console LOG --run device_faults 2 [--sched]
+       timeline.py --console LOG --run link_preevict1_prefetch1_stream_200 0
 """
 import argparse
 import re
@@ -16,7 +18,7 @@ import sys
 
 LINE = re.compile(r"^\s*(?P<task>.+?)-(?P<pid>\d+)\s+\[(?P<cpu>\d+)\]\s+\S+\s+(?P<ts>\d+\.\d+):\s+"
                   r"(?P<event>\w+):\s*(?P<body>.*)$")
-MARK = re.compile(r"GMEM-PL (start|end) (\w+) (\d+)")
+MARK = re.compile(r"GMEM-P[L4] (start|end) (\w+) (\d+)")
 SWITCH = re.compile(r"prev_comm=(\S+) .*prev_state=(\S+) ==> next_comm=(\S+)")
 
 

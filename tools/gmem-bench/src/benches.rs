@@ -1266,6 +1266,9 @@ impl Bench {
                         let bytes = round_pages(self.cap as f64 * f);
                         progress("P4", rep + 1, reps, &format!("{} {kind} {f}x ({} MiB)", c.name, bytes >> 20));
                         let cell = &mut cells[ci][ki][fi];
+                        // Factor in hundredths: the timeline's run names are single words.
+                        let mark = format!("{}_{kind}_{:.0} {rep}", c.name, f * 100.0);
+                        sys::trace_mark(&format!("GMEM-P4 start {mark}"));
                         let (t, per) = match *kind {
                             "stream" => (
                                 self.counted(cell, true, || {
@@ -1286,6 +1289,7 @@ impl Bench {
                                 touch_count as f64,
                             ),
                         };
+                        sys::trace_mark(&format!("GMEM-P4 end {mark}"));
                         // Per byte (or per touch): sizes differ between factors.
                         let u = t * 1e9 / per;
                         cell.push("per_unit", u);

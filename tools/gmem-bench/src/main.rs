@@ -8,7 +8,7 @@
 //! tables. Exit status: 0 when every benchmark ran and checked its data, 1 when one failed
 //! (its entry is null and the reason is in "errors"), 2 when the JSON did not validate.
 //!
-//! usage: gmem-bench [--smoke | --quick | --full] [reps=N] [only=P1+P4+...] [link=MBPS]
+//! usage: gmem-bench [--smoke | --quick | --full] [reps=N] [only=P1+P4+...] [link=MBPS] [p4=NAME]
 //!        gmem-bench copyprobe   (30 timings of each CPU copy style: TCG's memcpy is bimodal)
 //! (words may also be comma-separated, as in the kernel command line `gmembench=quick,only=P4`)
 //! Documentation/benchmarks.rst describes every benchmark and how to read the results.
@@ -29,10 +29,13 @@ struct Args {
     /// `link=MBPS`: the host link of the link-model runs at this bandwidth instead of a
     /// quarter of the measured copy baseline (for A/B runs whose baselines differ).
     link: Option<u64>,
+    /// `p4=NAME`: P4 runs only the configurations whose name contains NAME (for A/B runs
+    /// and traces of one configuration, e.g. `p4=link`).
+    p4: Option<String>,
 }
 
 fn parse_args() -> Result<Args, String> {
-    let mut a = Args { mode: "full", reps: None, only: None, link: None };
+    let mut a = Args { mode: "full", reps: None, only: None, link: None, p4: None };
     let words: Vec<String> = std::env::args()
         .skip(1)
         .flat_map(|s| s.split([',', ' ']).map(str::to_string).collect::<Vec<_>>())
@@ -49,10 +52,11 @@ fn parse_args() -> Result<Args, String> {
             Some(("link", m)) => {
                 a.link = Some(m.parse().ok().filter(|&m| m >= 10).ok_or(format!("bad link '{m}' (MB/s, >= 10)"))?)
             }
+            Some(("p4", n)) => a.p4 = Some(n.to_string()),
             None if w == "copyprobe" => a.mode = "copyprobe",
             _ => {
                 return Err(format!(
-                "unknown argument '{w}' (usage: gmem-bench [--smoke|--quick|--full] [reps=N] [only=P1+P4] [link=MBPS])"
+                "unknown argument '{w}' (usage: gmem-bench [--smoke|--quick|--full] [reps=N] [only=P1+P4] [link=MBPS] [p4=NAME])"
             ))
             }
         }
@@ -201,7 +205,10 @@ fn run(b: &mut Bench, args: &Args, out: &mut Json, errors: &mut Vec<Json>) -> i3
     let cap = b.cap;
     // P4 takes most of the run time: at most 5 repetitions there.
     let p4_reps = b.reps.min(5);
-    let (configs, touch_factors, touch_count) = p4_plan(smoke);
+    let (mut configs, touch_factors, touch_count) = p4_plan(smoke);
+    if let Some(n) = &args.p4 {
+        configs.retain(|c| c.name.contains(n.as_str()));
+    }
     type Job<'a> = (&'a str, &'a str, Box<dyn FnOnce(&mut Bench) -> Result<Json, String> + 'a>);
     let jobs: Vec<Job> = vec![
         ("BASELINE", "baseline", Box::new(|b: &mut Bench| b.baseline())),
