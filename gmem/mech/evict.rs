@@ -28,7 +28,7 @@
 use crate::exec::dpriv;
 use crate::exec::migrate::Step;
 use crate::exec::migrate::{self, Env};
-use crate::obj::device::{Ctx, DevStats, Device, DeviceOps, Owner, F_PREFERRED_SPARED};
+use crate::obj::device::{Ctx, DevStats, Device, DeviceOps, F_PREFERRED_SPARED};
 use crate::obj::dmem::Limit;
 use crate::obj::region::Region;
 use crate::obj::region::{adv, ADVICE_RUNS};
@@ -234,48 +234,57 @@ pub(crate) struct Within<'a> {
     pub(crate) mm: Option<&'a Mm>,
 }
 
-/// Evicts the victim `frame` and its cold 2 MiB neighbours (with `limit`, only those
-/// charged within it); returns frames freed, or `ENOMEM` (with the count so far lost to
-/// the caller's early stop) when the host is full.
-fn evict_victim(
+/// Evicts the victims `seeds` (frames the hand chose, all holding pages of one 2 MiB
+/// block of `region`) and the cold rest of their block (with `limit`, only frames charged
+/// within it) as one batch; returns frames freed, or `ENOMEM` (with the count so far lost
+/// to the caller's early stop) when the host is full.
+fn evict_victims(
     dev: &Device,
-    frame: u32,
-    who: &Owner,
+    region: &Arc<Region>,
+    seeds: &[(u32, u32)],
     peer: &Option<Arc<Device>>,
     budget: usize,
     limit: Option<&Limit>,
 ) -> Result<usize> {
-    let region = &who.region;
-    let i = who.page as usize;
+    let Some(&(_, first_page)) = seeds.first() else { return Ok(0) };
     // A page that holds a frame has a block.
-    let Some(blk) = region.block_if_any(i) else { return Ok(0) };
+    let Some(blk) = region.block_if_any(first_page as usize) else { return Ok(0) };
     let mut p = region.lock(&blk);
     if region.is_dead() {
         return Ok(0);
     }
     let advice = *region.advice.lock();
     let d = dev.id as u8;
-    let s = p.state(i);
-    let owner = s.loc() == Loc::Device(d) && p.frame(i) == frame;
-    if !owner && p.dup_frame(i, d) != Some(frame) {
-        return Ok(0);
-    }
     // The device's context for this region's space, looked up once for the whole batch.
     let ctx = region.space.ctx_if_any(dev);
-    if owner && spare(dev, region, ctx, &advice, i, frame) {
+    let (first, last) = (p.range().start, p.range().end);
+    let mut idx: KVec<usize> = KVec::with_capacity(migrate::BATCH_PAGES, GFP_KERNEL)?;
+    for &(frame, page) in seeds {
+        let i = page as usize;
+        // The caller groups by block; a page outside this one is left for a later pass.
+        if !(first..last).contains(&i) {
+            continue;
+        }
+        let s = p.state(i);
+        let owner = s.loc() == Loc::Device(d) && p.frame(i) == frame;
+        if !owner && p.dup_frame(i, d) != Some(frame) {
+            continue;
+        }
+        if owner && spare(dev, region, ctx, &advice, i, frame) {
+            continue;
+        }
+        idx.push(i, GFP_KERNEL)?;
+    }
+    if idx.is_empty() {
         return Ok(0);
     }
-    // The victim and the cold rest of its 2 MiB block in this region, as one batch.
-    // Neighbours go along only while the caller still needs frames.
-    let mut idx: KVec<usize> = KVec::with_capacity(migrate::BATCH_PAGES, GFP_KERNEL)?;
-    idx.push(i, GFP_KERNEL)?;
-    // The block is the 2 MiB virtual block of the victim, within the region.
-    let (first, last) = (p.range().start, p.range().end);
+    // The cold rest of the block goes along, while the caller still needs frames.
+    let chosen = idx.len();
     for j in first..last {
-        if idx.len() >= budget {
+        if idx.len() >= budget.max(chosen) {
             break;
         }
-        if j == i {
+        if idx[..chosen].contains(&j) {
             continue;
         }
         let sj = p.state(j);
@@ -359,18 +368,45 @@ fn pass(dev: &Arc<Device>, want: usize, why: Why, within: Option<Within<'_>>) ->
         }
         // Frames of process memory (no region owner) leave together, through the pagemap.
         let mut sysmem: KVec<u64> = KVec::new();
-        for (f, who) in victims.iter() {
+        // The victims of one 2 MiB block leave together: one batch (one block lock, one
+        // TLB flush, one copy per path) instead of one per page. The hand meets a block's
+        // frames side by side while their neighbours are often still referenced, so
+        // without this a background pass moved its target a page at a time.
+        let block_of = |k: usize| {
+            victims[k]
+                .1
+                .as_ref()
+                .map(|w| (Arc::as_ptr(&w.region) as usize, w.region.block_pages(w.page as usize).start))
+        };
+        let mut order: KVec<usize> = KVec::new();
+        for (k, (f, who)) in victims.iter().enumerate() {
+            let pushed = match who {
+                Some(_) => order.push(k, GFP_KERNEL),
+                None => sysmem.push(u64::from(*f), GFP_KERNEL),
+            };
+            if pushed.is_err() {
+                break 'rounds;
+            }
+        }
+        order.sort_unstable_by_key(|&k| block_of(k));
+        let mut seeds: KVec<(u32, u32)> = KVec::new();
+        let mut at = 0;
+        while let Some(&k) = order.get(at) {
+            let Some(w) = victims[k].1.as_ref() else { break };
+            seeds.clear();
+            while let Some(&j) = order.get(at).filter(|&&j| block_of(j) == block_of(k)) {
+                if let Some(o) = victims[j].1.as_ref() {
+                    if seeds.push((victims[j].0, o.page), GFP_KERNEL).is_err() {
+                        break 'rounds;
+                    }
+                }
+                at += 1;
+            }
             // Faults take the whole cold 2 MiB neighbourhood (the stream moves on anyway);
             // the background worker and reclaim stay within their target.
             let budget =
                 if matches!(why, Why::Background | Why::Reclaim) { want.saturating_sub(freed) } else { usize::MAX };
-            let Some(who) = who else {
-                if sysmem.push(u64::from(*f), GFP_KERNEL).is_err() {
-                    break 'rounds;
-                }
-                continue;
-            };
-            match evict_victim(dev, *f, who, &peer, budget, limit) {
+            match evict_victims(dev, &w.region, &seeds, &peer, budget, limit) {
                 Ok(n) => freed += n,
                 // Host memory is exhausted: every further victim would fail the same way.
                 Err(_) => break 'rounds,
