@@ -40,8 +40,9 @@ use kernel::{
 /// Frame flag kept by the core only: filled by prefetch, not yet known to be used.
 pub(crate) const F_PREFETCHED: u8 = 0x40;
 /// Frame flag kept by the core only: spared once by eviction because its page prefers this
-/// device (PREFERRED_LOC); cleared when the page faults or migrates again.
-pub(crate) const F_PREFERRED_SPARED: u8 = 0x80;
+/// device (PREFERRED_LOC) or was prefetched and not touched yet; cleared when the page
+/// faults or migrates again.
+pub(crate) const F_SPARED: u8 = 0x80;
 /// Frame flag kept by the core only: the frame holds a page of ordinary process memory
 /// migrated here (a device-private page, obj/dpriv.rs); it has no region owner.
 pub(crate) const F_SYSMEM: u8 = 0x20;
