@@ -19,8 +19,11 @@
 //!   quarter of the time; with two lanes a timeline of PL showed both lanes' copies
 //!   queued back to back, then the link idle while both committed and allocated).
 //! - What: every page of the next block that advice leaves alone, by the PREFETCH
-//!   transition, in one executor batch. Like density prefetch it is a bet: it never
-//!   evicts, and stops where the device is full.
+//!   transition, in one executor batch. With pre-eviction on, a lane first frees the
+//!   frames its block needs beyond the device's low watermark (`room_short`: the stream
+//!   has come to the device's end; the lane evicts as the background worker would, while
+//!   the device computes); the batch then stops where the device is full, like density
+//!   prefetch.
 //! - The marker: read-ahead pages are *not* mapped on the device. The device's first
 //!   touch of the block faults, finds the pages resident (the fault only maps them), and
 //!   that fault asks for read-ahead again, as the page cache's `PG_readahead` mark does
@@ -43,6 +46,7 @@
 //! Switch off with `readahead=0` in `/sys/kernel/debug/gmem/control`.
 
 use crate::exec::migrate::{self, Env, Step};
+use crate::mech::evict::{self, Why};
 use crate::mech::{prefetch, thrash};
 use crate::obj::device::{DevStats, Device};
 use crate::obj::region::{Region, AHEAD_LANES, BLOCK_BYTES, BLOCK_PAGES};
@@ -64,9 +68,9 @@ use kernel::{
 pub(crate) const DEPTH: usize = AHEAD_LANES;
 
 /// How far a device's read-ahead runs: [`DEPTH`] blocks while the device has room for them
-/// above its high watermark, else two. Read-ahead never evicts, but on a device under
-/// pressure every block fetched ahead takes frames the evictor must free again, and a
-/// block fetched far ahead is the likeliest to be evicted before it is used.
+/// above its high watermark, else two. On a device under pressure every block fetched
+/// ahead takes frames that must be freed first, and a block fetched far ahead is the
+/// likeliest to be evicted before it is used.
 fn device_depth(dev: &Device) -> usize {
     let room = (DEPTH * BLOCK_PAGES) as u64;
     if dev.frames_free_hint() >= dev.high().saturating_add(room) {
@@ -204,32 +208,64 @@ impl ReadAhead {
         let vma = mmap.vma_lookup(r.start).filter(|v| v.start() == r.start);
         let Some(first) = r.index(self.block_va) else { return };
         let Ok(block) = r.block(first) else { return };
-        let mut p = r.lock(&block);
-        if r.is_dead() || !dev.alive() {
-            return;
-        }
-        let advice = *r.advice.lock();
         let Ok(mut steps) = KVec::<Step>::with_capacity(BLOCK_PAGES, GFP_KERNEL) else { return };
-        for i in p.range() {
-            // Advice decides placement for advised pages; leave them alone.
-            if advice.get(i as u64) != 0 {
-                continue;
+        let mut p = r.lock(&block);
+        // At most twice: the second time after making room, with the lock dropped.
+        let mut made_room = false;
+        loop {
+            if r.is_dead() || !dev.alive() {
+                return;
             }
-            let s = p.state(i);
-            let Ok((next, mut a)) = transition(s, Event::Prefetch { to: Target::Device(d) }) else { continue };
-            // (A transition without actions at most ends a parking: nothing to fetch.)
-            if a == Actions::default() {
-                continue;
+            let advice = *r.advice.lock();
+            steps.clear();
+            let mut frames = 0u64;
+            for i in p.range() {
+                // Advice decides placement for advised pages; leave them alone.
+                if advice.get(i as u64) != 0 {
+                    continue;
+                }
+                let s = p.state(i);
+                let Ok((next, mut a)) = transition(s, Event::Prefetch { to: Target::Device(d) }) else { continue };
+                // (A transition without actions at most ends a parking: nothing to fetch.)
+                if a == Actions::default() {
+                    continue;
+                }
+                if a.alloc_frame.is_some() {
+                    frames += 1;
+                }
+                // Unmapped: the device's first touch faults (without a copy) and reads
+                // further ahead (the module documentation's marker).
+                a.map_dev = None;
+                // Capacity reserved above.
+                let _ = steps.push(Step { i, prev: s, next, a }, GFP_NOWAIT);
             }
-            // Unmapped: the device's first touch faults (without a copy) and reads further
-            // ahead (the module documentation's marker).
-            a.map_dev = None;
-            // Capacity reserved above.
-            let _ = steps.push(Step { i, prev: s, next, a }, GFP_NOWAIT);
+            let short = room_short(dev, frames);
+            if made_room || short == 0 {
+                break;
+            }
+            drop(p);
+            evict::make_room(dev, short, Why::Background, None);
+            made_room = true;
+            p = r.lock(&block);
         }
         let n = prefetch::speculate(dev, r, vma, &mut p, &steps);
         DevStats::add(&dev.stats.readahead, n);
     }
+}
+
+/// Pre-eviction for a stream: how many frames `dev` must free before a lane can read
+/// ahead a block needing `frames` of them, keeping its low watermark free (0: none, or
+/// pre-eviction is off). The lane then evicts them itself, as the background worker would
+/// (counted as pre-evicted), on its worker, while the device computes. Without this,
+/// under oversubscription the lanes found at most the background worker's few frames (its
+/// high watermark, 128 by default), read a block ahead only in part, and the device then
+/// faulted on the rest and evicted for itself, on its critical path.
+fn room_short(dev: &Device, frames: u64) -> usize {
+    if frames == 0 || !tune::PREEVICT.load(Relaxed) {
+        return 0;
+    }
+    let want = frames.saturating_add(dev.low());
+    usize::try_from(want.saturating_sub(dev.frames_free())).unwrap_or(0)
 }
 
 /// One queued read-ahead to the host: the device pages of the block at `block_va` of
