@@ -56,8 +56,7 @@ pub(crate) fn refusal_errno(r: Refused) -> Error {
 
 /// Counts a prefetched frame as used or wasted, once.
 fn settle_prefetch(dev: &Device, used: bool) {
-    let c = if used { &dev.stats.prefetch_used } else { &dev.stats.prefetch_wasted };
-    DevStats::add(c, 1);
+    dev.note_prefetch(u64::from(used), u64::from(!used));
 }
 
 fn device(id: u8) -> Result<Arc<Device>> {
@@ -709,7 +708,7 @@ pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outco
     for d in devices_in(touched) {
         if let Ok(dev) = devs.get(d) {
             let used = dev.commit_frames(ops.iter_mut().filter(|(x, _)| *x == d).map(|(_, op)| op));
-            DevStats::add(&dev.stats.prefetch_used, used);
+            dev.note_prefetch(used, 0);
         }
     }
     // The holders the updates replaced go here, without any pool lock. They are all

@@ -200,7 +200,8 @@ fn evict_pages(
 
 /// Whether the page at `i` (owner frame `frame` on `dev`, with flags `fl`) deserves a
 /// second chance: the device touched it since the last look; or, once, it prefers this
-/// device, or it was prefetched and the device has not touched it yet (read-ahead evicted
+/// device, or it was prefetched, the device has not touched it yet and prefetch has been
+/// paying on this device (`Device::prefetch_pays`; read-ahead evicted
 /// before use is a wasted transfer and a fetch again: a trace of P4's 2x stream showed the
 /// hand, after a sweep that cleared every reference bit, taking blocks just read ahead).
 /// Either way it is marked referenced.
@@ -223,7 +224,8 @@ fn spare(
         return true;
     }
     let preferred = adv::preferred(advice.get(i as u64)) == Some(Target::Device(dev.id as u8));
-    if (preferred || fl & F_PREFETCHED != 0) && fl & F_SPARED == 0 {
+    let unused_prefetch = fl & F_PREFETCHED != 0 && dev.prefetch_pays();
+    if (preferred || unused_prefetch) && fl & F_SPARED == 0 {
         dev.set_flags(frame, F_REF | F_SPARED);
         return true;
     }

@@ -254,14 +254,15 @@ impl ReadAhead {
 }
 
 /// Pre-eviction for a stream: how many frames `dev` must free before a lane can read
-/// ahead a block needing `frames` of them, keeping its low watermark free (0: none, or
-/// pre-eviction is off). The lane then evicts them itself, as the background worker would
+/// ahead a block needing `frames` of them, keeping its low watermark free (0: none,
+/// pre-eviction is off, or prefetch has not been paying on the device lately: a random
+/// workload whose read-ahead mostly misses would evict for more misses). The lane then evicts them itself, as the background worker would
 /// (counted as pre-evicted), on its worker, while the device computes. Without this,
 /// under oversubscription the lanes found at most the background worker's few frames (its
 /// high watermark, 128 by default), read a block ahead only in part, and the device then
 /// faulted on the rest and evicted for itself, on its critical path.
 fn room_short(dev: &Device, frames: u64) -> usize {
-    if frames == 0 || !tune::PREEVICT.load(Relaxed) {
+    if frames == 0 || !tune::PREEVICT.load(Relaxed) || !dev.prefetch_pays() {
         return 0;
     }
     let want = frames.saturating_add(dev.low());

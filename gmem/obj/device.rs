@@ -26,6 +26,7 @@ use crate::obj::region::{Region, AHEAD_LANES};
 use crate::policy::evict::{self as order, Clock, F_CLEAN, F_LENT, F_PINNED, F_REF, F_USED};
 use crate::policy::frames::{FrameMap, CHUNK_FRAMES};
 use crate::policy::paths;
+use crate::policy::prefetch::Accuracy;
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use kernel::{
     bindings,
@@ -451,6 +452,9 @@ pub(crate) struct Device {
     pub(crate) stream_of: core::sync::atomic::AtomicUsize,
     /// Round-robin cursor over the copy channels (`next_channel`).
     chan_rr: AtomicU32,
+    /// How much of what the device prefetched it used lately (`policy::prefetch::Accuracy`,
+    /// updated as prefetched pages settle: [`Device::note_prefetch`]).
+    prefetch_accuracy: AtomicU32,
     /// Link bandwidths the driver reported (`gmem_dev_set_links`), MB/s, 0 unknown:
     /// host-to-device, device-to-host, device-to-peer.
     links: [AtomicU64; 3],
@@ -536,6 +540,7 @@ impl Device {
                 stream_at: core::sync::atomic::AtomicUsize::new(0),
                 stream_of: core::sync::atomic::AtomicUsize::new(0),
                 chan_rr: AtomicU32::new(0),
+                prefetch_accuracy: AtomicU32::new(Accuracy::ONE),
                 links: [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)],
                 gone: AtomicBool::new(false),
                 callbacks <- new_srcu!("gmem_device_callbacks"),
@@ -1008,8 +1013,30 @@ impl Device {
             }
         };
         if was_prefetched {
-            DevStats::add(&self.stats.prefetch_used, 1);
+            self.note_prefetch(1, 0);
         }
+    }
+
+    /// Counts prefetched pages that settled: `used` by the device, `wasted` (evicted or
+    /// moved away untouched); the counters and the accuracy estimate.
+    pub(crate) fn note_prefetch(&self, used: u64, wasted: u64) {
+        if used == 0 && wasted == 0 {
+            return;
+        }
+        DevStats::add(&self.stats.prefetch_used, used);
+        DevStats::add(&self.stats.prefetch_wasted, wasted);
+        // The closure always returns `Some`: the update cannot fail.
+        let _ = self
+            .prefetch_accuracy
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| Some(Accuracy(v).settle(used, wasted).0));
+    }
+
+    /// Whether prefetch has paid on this device lately (at least half of the pages it
+    /// prefetched were used): eviction spares untouched prefetched pages, and read-ahead
+    /// evicts to make room, only then. A random workload whose density prefetch and
+    /// read-ahead mostly miss would otherwise keep its misses and evict for more of them.
+    pub(crate) fn prefetch_pays(&self) -> bool {
+        Accuracy(self.prefetch_accuracy.load(Ordering::Relaxed)).pays()
     }
 
     pub(crate) fn set_flags(&self, frame: u32, set: u8) {

@@ -23,10 +23,50 @@
 //!
 //! [`Stride`] remembers the last three fault page numbers and reports a constant, non-zero
 //! stride between them; differences that do not fit an `i64` never count as a stride.
+//!
+//! [`Accuracy`] is a device's running estimate of how much of what it prefetched the device
+//! then used: eviction spares untouched prefetched pages, and read-ahead evicts to make
+//! room, only while it says prefetch pays.
 #![allow(dead_code, unreachable_pub)]
 
 /// Pages in a 2 MiB block.
 pub const BLOCK_PAGES: usize = 512;
+
+/// A running estimate of prefetch accuracy, in 1/[`Accuracy::ONE`]: each prefetched page
+/// that settles moves it [`Accuracy::SHIFT`]-th of the way towards one (used) or zero
+/// (evicted unused), so it follows roughly the last `2^SHIFT` settled pages. It starts at
+/// one: prefetch is trusted until it has been seen to fail.
+///
+/// Invariant: the value stays within `0..=ONE`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Accuracy(pub u32);
+
+impl Accuracy {
+    /// Full accuracy.
+    pub const ONE: u32 = 1 << 16;
+    /// Each settled page moves the estimate by 1/2^SHIFT of the distance.
+    pub const SHIFT: u32 = 5;
+    /// At least this share of prefetched pages used (one half): prefetch pays.
+    pub const PAYS: u32 = Self::ONE / 2;
+
+    /// The estimate after `used` pages settled as used and `wasted` as evicted unused
+    /// (at most 64 of each are applied: beyond that the estimate has converged anyway).
+    pub fn settle(self, used: u64, wasted: u64) -> Accuracy {
+        let mut v = self.0.min(Self::ONE);
+        for _ in 0..wasted.min(64) {
+            v -= v >> Self::SHIFT;
+        }
+        for _ in 0..used.min(64) {
+            v += (Self::ONE - v) >> Self::SHIFT;
+        }
+        Accuracy(v)
+    }
+
+    /// Whether prefetch has been paying lately.
+    pub fn pays(self) -> bool {
+        self.0 >= Self::PAYS
+    }
+}
 /// Words of a block bitmap.
 const WORDS: usize = BLOCK_PAGES / 64;
 
@@ -197,6 +237,33 @@ impl Default for Stride {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn accuracy_follows_what_settles() {
+        let mut a = super::Accuracy(super::Accuracy::ONE);
+        assert!(a.pays());
+        // A random workload: one page in five used.
+        for _ in 0..100 {
+            a = a.settle(1, 4);
+        }
+        assert!(!a.pays(), "{a:?}");
+        // A stream: everything used again.
+        for _ in 0..100 {
+            a = a.settle(8, 0);
+        }
+        assert!(a.pays(), "{a:?}");
+        assert!(a.0 <= super::Accuracy::ONE);
+        assert_eq!(super::Accuracy(u32::MAX).settle(u64::MAX, 0).0, super::Accuracy::ONE);
+        assert_eq!(super::Accuracy(0).settle(0, u64::MAX).0, 0);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn accuracy_stays_in_range(v in 0u32..=u32::MAX, used in 0u64..200, wasted in 0u64..200) {
+            let a = super::Accuracy(v).settle(used, wasted);
+            proptest::prop_assert!(a.0 <= super::Accuracy::ONE);
+        }
+    }
+
     use super::*;
 
     #[test]
