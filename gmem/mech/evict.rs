@@ -4,14 +4,16 @@
 //! - Order: CLOCK over frames (`policy/src/evict.rs`), fed by faults and prefetches (set
 //!   the referenced bit) and by the driver's accessed bits (second chance). Pinned frames
 //!   are never chosen; frames parked by peers go first.
-//! - A victim leaves with its 2 MiB neighbourhood: every page of the same region in the
-//!   same 2 MiB block, on the same device, not pinned and not referenced, goes in the
-//!   same pass (one block lock).
+//! - A victim leaves with its 2 MiB neighbourhood: the hand's victims of one 2 MiB block
+//!   of a region, and every other page of that block on the same device, not pinned and
+//!   not referenced, go in the same batch (one block lock).
 //! - Where it goes: to a peer device with spare frames (HUVM's harvesting; the lender keeps
 //!   its high watermark free, so its own allocations win), else to host memory. Clean
 //!   pages (valid host copy) are dropped without a copy.
-//! - When: on demand from the fault path (counted as a *fault wait*), and in the
-//!   background between the low and high watermarks (*pre-eviction*). A lender whose own
+//! - When: on demand from the fault path (counted as a *fault wait*), and ahead of need
+//!   (*pre-eviction*): in the background between the low and high watermarks, and by a
+//!   read-ahead lane for the block it is about to read (`Why::Ahead`, while prefetch pays
+//!   on the device). A lender whose own
 //!   use has eaten into its reserve (fewer than `high` frames free) also writes parked
 //!   victims back to host in the background, so that it can drop them instantly; not
 //!   before (`policy::evict::write_back_lent`): a parked page costs a copy out and a copy
@@ -52,6 +54,11 @@ pub(crate) enum Why {
     Background,
     /// The dmem controller lowered a cgroup's limit below its use (reclaim callback).
     Reclaim,
+    /// A read-ahead lane makes room for the block it is about to read: `want` is how many
+    /// frames it wants free, rechecked under the evictor lock (another lane or the worker
+    /// may have freed them meanwhile). Counted as pre-eviction; never takes frames that
+    /// `dmem.low` protects, since this is a bet, not a need.
+    Ahead,
 }
 
 /// A peer that can take a victim without touching its own reserve.
@@ -267,7 +274,7 @@ fn evict_victims(
     let mut idx: KVec<usize> = KVec::with_capacity(migrate::BATCH_PAGES, GFP_KERNEL)?;
     for &(frame, page) in seeds {
         let i = page as usize;
-        // The caller groups by block; a page outside this one is left for a later pass.
+        // The caller groups by block, so every seed lies in this one (checked anyway).
         if !(first..last).contains(&i) {
             continue;
         }
@@ -339,7 +346,14 @@ fn pass(dev: &Arc<Device>, want: usize, why: Why, within: Option<Within<'_>>) ->
         Some(Within { mm: Some(mm), .. }) => dev.dmem.has_room(mm),
         Some(_) => false,
     };
-    if why != Why::Background && room {
+    let want = match why {
+        Why::Ahead => want.saturating_sub(dev.frames_free() as usize),
+        _ => want,
+    };
+    if why == Why::Ahead && want == 0 {
+        return Pass { freed: 0, in_transit: false };
+    }
+    if !matches!(why, Why::Background | Why::Ahead) && room {
         return Pass { freed: want, in_transit: false };
     }
     if why == Why::Fault {
@@ -366,7 +380,7 @@ fn pass(dev: &Arc<Device>, want: usize, why: Why, within: Option<Within<'_>>) ->
             continue;
         }
         if victims.is_empty() {
-            if !ignore_low {
+            if !ignore_low && why != Why::Ahead {
                 ignore_low = true;
                 continue;
             }
@@ -409,9 +423,12 @@ fn pass(dev: &Arc<Device>, want: usize, why: Why, within: Option<Within<'_>>) ->
                 at += 1;
             }
             // Faults take the whole cold 2 MiB neighbourhood (the stream moves on anyway);
-            // the background worker and reclaim stay within their target.
-            let budget =
-                if matches!(why, Why::Background | Why::Reclaim) { want.saturating_sub(freed) } else { usize::MAX };
+            // the background worker, read-ahead and reclaim stay within their target.
+            let budget = if matches!(why, Why::Background | Why::Reclaim | Why::Ahead) {
+                want.saturating_sub(freed)
+            } else {
+                usize::MAX
+            };
             match evict_victims(dev, &w.region, &seeds, &peer, budget, limit) {
                 Ok(n) => freed += n,
                 // Host memory is exhausted: every further victim would fail the same way.
@@ -422,7 +439,7 @@ fn pass(dev: &Arc<Device>, want: usize, why: Why, within: Option<Within<'_>>) ->
             freed += dpriv::evict(dev, &sysmem, false);
         }
     }
-    if why == Why::Background {
+    if matches!(why, Why::Background | Why::Ahead) {
         DevStats::add(&dev.stats.pre_evicted, freed as u64);
     }
     Pass { freed, in_transit }

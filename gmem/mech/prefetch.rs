@@ -6,7 +6,8 @@
 //!
 //! Prefetched frames carry `F_PREFETCHED` until the page is touched or leaves; the device's
 //! accessed bit then tells whether the prefetch was used or wasted (debugfs counters).
-//! Prefetch is speculative: it never evicts, it stops when the device is full.
+//! Prefetch is speculative: it never evicts, it stops when the device is full (read-ahead
+//! lanes may make room before they fetch: `readahead.rs`).
 
 use crate::exec::migrate::{self, Env, Step};
 use crate::obj::device::{DevStats, Device, F_PREFETCHED};
@@ -80,8 +81,9 @@ pub(crate) fn on_fault(
 
 /// Fetches `steps` (PREFETCH transitions of the locked block `p` to `dev`) as one executor
 /// batch; when the device (or host memory) runs out part way, the rest is simply not
-/// fetched: speculative fetches (density prefetch, read-ahead) are only a bet, they never
-/// evict. Marks the frames `F_PREFETCHED` and counts them; returns how many there are.
+/// fetched: speculative fetches (density prefetch, read-ahead) are only a bet, and this
+/// never evicts (a read-ahead lane may make room before, with the block lock dropped:
+/// `readahead::room_target`). Marks the frames `F_PREFETCHED` and counts them; returns how many there are.
 pub(crate) fn speculate(dev: &Device, r: &Arc<Region>, vma: Option<&VmaRef>, p: &mut Pages, steps: &[Step]) -> u64 {
     let out = migrate::apply_batch(&Env::access(r, vma), p, steps);
     let mut n = 0u64;

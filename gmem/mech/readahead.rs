@@ -19,11 +19,11 @@
 //!   quarter of the time; with two lanes a timeline of PL showed both lanes' copies
 //!   queued back to back, then the link idle while both committed and allocated).
 //! - What: every page of the next block that advice leaves alone, by the PREFETCH
-//!   transition, in one executor batch. With pre-eviction on, a lane first frees the
-//!   frames its block needs beyond the device's low watermark (`room_short`: the stream
-//!   has come to the device's end; the lane evicts as the background worker would, while
-//!   the device computes); the batch then stops where the device is full, like density
-//!   prefetch.
+//!   transition, in one executor batch. With pre-eviction on and while prefetch pays on
+//!   the device, a lane first frees the frames its block needs beyond the device's low
+//!   watermark (`room_target`: the stream has come to the device's end; the lane evicts
+//!   as the background worker would, while the device computes); the batch then stops
+//!   where the device is full, like density prefetch.
 //! - The marker: read-ahead pages are *not* mapped on the device. The device's first
 //!   touch of the block faults, finds the pages resident (the fault only maps them), and
 //!   that fault asks for read-ahead again, as the page cache's `PG_readahead` mark does
@@ -38,7 +38,7 @@
 //! Lifetimes: the work item owns references to the device and the region. The region's
 //! teardown marks it dead under each block's lock, and the device's unregistration marks
 //! it dead before it evacuates; the worker checks both under the block lock and then does
-//! nothing. It takes the mm only through `Space::mm_for_worker` (no fetch for an exiting
+//! nothing (and makes no room for a device that is going away). It takes the mm only through `Space::mm_for_worker` (no fetch for an exiting
 //! process: nobody but gmem's workers uses its address space; the workers' own references
 //! are counted exactly, so that lanes taking turns do not keep it alive) and
 //! the mmap lock itself, in the fault paths' order (mmap lock, then the block lock); it
@@ -58,6 +58,7 @@ use core::sync::atomic::{
     Ordering::{Acquire, Relaxed, Release},
 };
 use kernel::{
+    mm::Mm,
     prelude::*,
     sync::Arc,
     workqueue::{impl_has_work, new_work, RawWorkItem, Work, WorkItem},
@@ -239,12 +240,10 @@ impl ReadAhead {
                 // Capacity reserved above.
                 let _ = steps.push(Step { i, prev: s, next, a }, GFP_NOWAIT);
             }
-            let short = room_short(dev, frames);
-            if made_room || short == 0 {
-                break;
-            }
+            let target = if made_room { None } else { room_target(dev, frames, &mm) };
+            let Some(target) = target else { break };
             drop(p);
-            evict::make_room(dev, short, Why::Background, None);
+            evict::make_room(dev, target, Why::Ahead, None);
             made_room = true;
             p = r.lock(&block);
         }
@@ -253,20 +252,26 @@ impl ReadAhead {
     }
 }
 
-/// Pre-eviction for a stream: how many frames `dev` must free before a lane can read
-/// ahead a block needing `frames` of them, keeping its low watermark free (0: none,
-/// pre-eviction is off, or prefetch has not been paying on the device lately: a random
-/// workload whose read-ahead mostly misses would evict for more misses). The lane then evicts them itself, as the background worker would
-/// (counted as pre-evicted), on its worker, while the device computes. Without this,
+/// Pre-eviction for a stream: how many frames `dev` should have free before a lane reads
+/// ahead a block needing `frames` of them (those plus its low watermark), or `None` when
+/// it has them already or the lane should not evict for them: pre-eviction is off, the
+/// device is going away, prefetch has not been paying on it lately (a random workload
+/// whose read-ahead mostly misses would evict for more misses), or the reader's dmem
+/// cgroup has no room left on it (the fetch would fail on its limit anyway, after taking
+/// other cgroups' frames). The lane then evicts as the background worker would, counted as
+/// pre-evicted, on its worker, while the device computes (`Why::Ahead`). Without this,
 /// under oversubscription the lanes found at most the background worker's few frames (its
 /// high watermark, 128 by default), read a block ahead only in part, and the device then
 /// faulted on the rest and evicted for itself, on its critical path.
-fn room_short(dev: &Device, frames: u64) -> usize {
-    if frames == 0 || !tune::PREEVICT.load(Relaxed) || !dev.prefetch_pays() {
-        return 0;
+fn room_target(dev: &Device, frames: u64, mm: &Mm) -> Option<usize> {
+    if frames == 0 || !tune::PREEVICT.load(Relaxed) || !dev.alive() || !dev.prefetch_pays() {
+        return None;
     }
     let want = frames.saturating_add(dev.low());
-    usize::try_from(want.saturating_sub(dev.frames_free())).unwrap_or(0)
+    if dev.frames_free() >= want || !dev.dmem.has_room(mm) {
+        return None;
+    }
+    usize::try_from(want).ok()
 }
 
 /// One queued read-ahead to the host: the device pages of the block at `block_va` of

@@ -33,7 +33,7 @@
 pub const BLOCK_PAGES: usize = 512;
 
 /// A running estimate of prefetch accuracy, in 1/[`Accuracy::ONE`]: each prefetched page
-/// that settles moves it [`Accuracy::SHIFT`]-th of the way towards one (used) or zero
+/// that settles moves it 1/2^[`Accuracy::SHIFT`] of the way towards one (used) or zero
 /// (evicted unused), so it follows roughly the last `2^SHIFT` settled pages. It starts at
 /// one: prefetch is trusted until it has been seen to fail.
 ///
