@@ -13,11 +13,11 @@
 //! - When: on demand from the fault path (counted as a *fault wait*), and ahead of need
 //!   (*pre-eviction*): in the background between the low and high watermarks, and by a
 //!   read-ahead lane for the block it is about to read (`Why::Ahead`, while prefetch pays
-//!   on the device). A lender whose own
-//!   use has eaten into its reserve (fewer than `high` frames free) also writes parked
-//!   victims back to host in the background, so that it can drop them instantly; not
-//!   before (`policy::evict::write_back_lent`): a parked page costs a copy out and a copy
-//!   back, as a trip through the host does, and an early write-back would add a third.
+//!   on the device). A lender whose own use has eaten into its reserve (fewer than `high`
+//!   frames free) also writes parked victims back to host in the background, so that it
+//!   can drop them instantly; not before (`policy::evict::write_back_lent`): a parked page
+//!   costs a copy out and a copy back, as a trip through the host does, and an early
+//!   write-back would add a third.
 //! - Whose: when the device is full, any frame its dmem cgroup does not protect; when a
 //!   cgroup is at its `dmem.max` (a fault or advice of its process, or the controller's
 //!   reclaim callback when the limit is lowered), only frames charged within that cgroup:
@@ -30,7 +30,7 @@
 use crate::exec::dpriv;
 use crate::exec::migrate::Step;
 use crate::exec::migrate::{self, Env};
-use crate::obj::device::{Ctx, DevStats, Device, DeviceOps, F_PREFETCHED, F_SPARED};
+use crate::obj::device::{Ctx, DevStats, Device, DeviceOps, Owner, F_PREFETCHED, F_SPARED};
 use crate::obj::dmem::Limit;
 use crate::obj::region::Region;
 use crate::obj::region::{adv, ADVICE_RUNS};
@@ -208,9 +208,9 @@ fn evict_pages(
 /// Whether the page at `i` (owner frame `frame` on `dev`, with flags `fl`) deserves a
 /// second chance: the device touched it since the last look; or, once, it prefers this
 /// device, or it was prefetched, the device has not touched it yet and prefetch has been
-/// paying on this device (`Device::prefetch_pays`; read-ahead evicted
-/// before use is a wasted transfer and a fetch again: a trace of P4's 2x stream showed the
-/// hand, after a sweep that cleared every reference bit, taking blocks just read ahead).
+/// paying on this device (`Device::prefetch_pays`; read-ahead evicted before use is a
+/// wasted transfer and a fetch again: a trace of P4's 2x stream showed the hand, after a
+/// sweep that cleared every reference bit, taking blocks just read ahead).
 /// Either way it is marked referenced.
 fn spare(
     dev: &Device,
@@ -247,21 +247,21 @@ pub(crate) struct Within<'a> {
     pub(crate) mm: Option<&'a Mm>,
 }
 
-/// Evicts the victims `seeds` (frames the hand chose, all holding pages of one 2 MiB
-/// block of `region`) and the cold rest of their block (with `limit`, only frames charged
-/// within it) as one batch; returns frames freed, or `ENOMEM` (with the count so far lost
-/// to the caller's early stop) when the host is full.
+/// Evicts the victims `seeds` (frames the hand chose, with the pages they hold, all in one
+/// 2 MiB block of one region) and the cold rest of their block (with `limit`, only frames
+/// charged within it) as one batch; returns frames freed, or `ENOMEM` (with the count so
+/// far lost to the caller's early stop) when the host is full.
 fn evict_victims(
     dev: &Device,
-    region: &Arc<Region>,
-    seeds: &[(u32, u32)],
+    seeds: &[(u32, &Owner)],
     peer: &Option<Arc<Device>>,
     budget: usize,
     limit: Option<&Limit>,
 ) -> Result<usize> {
-    let Some(&(_, first_page)) = seeds.first() else { return Ok(0) };
+    let Some((_, head)) = seeds.first() else { return Ok(0) };
+    let region = &head.region;
     // A page that holds a frame has a block.
-    let Some(blk) = region.block_if_any(first_page as usize) else { return Ok(0) };
+    let Some(blk) = region.block_if_any(head.page as usize) else { return Ok(0) };
     let mut p = region.lock(&blk);
     if region.is_dead() {
         return Ok(0);
@@ -272,10 +272,10 @@ fn evict_victims(
     let ctx = region.space.ctx_if_any(dev);
     let (first, last) = (p.range().start, p.range().end);
     let mut idx: KVec<usize> = KVec::with_capacity(migrate::BATCH_PAGES, GFP_KERNEL)?;
-    for &(frame, page) in seeds {
-        let i = page as usize;
+    for &(frame, w) in seeds {
+        let i = w.page as usize;
         // The caller groups by block, so every seed lies in this one (checked anyway).
-        if !(first..last).contains(&i) {
+        if !Arc::ptr_eq(&w.region, region) || !(first..last).contains(&i) {
             continue;
         }
         let s = p.state(i);
@@ -392,36 +392,19 @@ fn pass(dev: &Arc<Device>, want: usize, why: Why, within: Option<Within<'_>>) ->
         // TLB flush, one copy per path) instead of one per page. The hand meets a block's
         // frames side by side while their neighbours are often still referenced, so
         // without this a background pass moved its target a page at a time.
-        let block_of = |k: usize| {
-            victims[k]
-                .1
-                .as_ref()
-                .map(|w| (Arc::as_ptr(&w.region) as usize, w.region.block_pages(w.page as usize).start))
-        };
-        let mut order: KVec<usize> = KVec::new();
-        for (k, (f, who)) in victims.iter().enumerate() {
+        let mut owned: KVec<(u32, &Owner)> = KVec::new();
+        for (f, who) in victims.iter() {
             let pushed = match who {
-                Some(_) => order.push(k, GFP_KERNEL),
+                Some(w) => owned.push((*f, w), GFP_KERNEL),
                 None => sysmem.push(u64::from(*f), GFP_KERNEL),
             };
             if pushed.is_err() {
                 break 'rounds;
             }
         }
-        order.sort_unstable_by_key(|&k| block_of(k));
-        let mut seeds: KVec<(u32, u32)> = KVec::new();
-        let mut at = 0;
-        while let Some(&k) = order.get(at) {
-            let Some(w) = victims[k].1.as_ref() else { break };
-            seeds.clear();
-            while let Some(&j) = order.get(at).filter(|&&j| block_of(j) == block_of(k)) {
-                if let Some(o) = victims[j].1.as_ref() {
-                    if seeds.push((victims[j].0, o.page), GFP_KERNEL).is_err() {
-                        break 'rounds;
-                    }
-                }
-                at += 1;
-            }
+        let block_of = |w: &Owner| (Arc::as_ptr(&w.region) as usize, w.region.block_pages(w.page as usize).start);
+        owned.sort_unstable_by_key(|(_, w)| block_of(w));
+        for seeds in owned.chunk_by(|(_, a), (_, b)| block_of(a) == block_of(b)) {
             // Faults take the whole cold 2 MiB neighbourhood (the stream moves on anyway);
             // the background worker, read-ahead and reclaim stay within their target.
             let budget = if matches!(why, Why::Background | Why::Reclaim | Why::Ahead) {
@@ -429,7 +412,7 @@ fn pass(dev: &Arc<Device>, want: usize, why: Why, within: Option<Within<'_>>) ->
             } else {
                 usize::MAX
             };
-            match evict_victims(dev, &w.region, &seeds, &peer, budget, limit) {
+            match evict_victims(dev, seeds, &peer, budget, limit) {
                 Ok(n) => freed += n,
                 // Host memory is exhausted: every further victim would fail the same way.
                 Err(_) => break 'rounds,

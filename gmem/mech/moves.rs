@@ -27,11 +27,12 @@
 //! for room inside its block (eviction, or frames in transit, which can take a fifth of a
 //! second) checks the same reasons first and ends its block early instead. A process
 //! that exits does not close the file at once (its mappings hold it until the address
-//! space is torn down), so the lanes also stop when nobody but gmem's workers uses the address space any
-//! more: each lane takes its reference for a block through `Space::mm_for_worker`, which
-//! counts the references gmem's workers hold, exactly, and gives it back under the same
-//! lock. Two lanes taking turns at `mmget_not_zero` would otherwise keep a dead process's
-//! address space, and the file with it, alive between them.
+//! space is torn down), so the lanes also stop when nobody but gmem's workers uses the
+//! address space any more: each lane takes its reference for a block through
+//! `Space::mm_for_worker`, which counts the references gmem's workers hold, exactly, and
+//! gives it back under the same lock. Two lanes taking turns at `mmget_not_zero` would
+//! otherwise keep a dead process's address space, and the file with it, alive between
+//! them.
 //!
 //! Lifetimes: a helper owns a reference to the shared [`Lanes`], which owns the region; it
 //! takes the mm only through `Space::mm_for_worker` and the mmap lock itself, per block, in the

@@ -83,7 +83,8 @@ pub(crate) fn on_fault(
 /// batch; when the device (or host memory) runs out part way, the rest is simply not
 /// fetched: speculative fetches (density prefetch, read-ahead) are only a bet, and this
 /// never evicts (a read-ahead lane may make room before, with the block lock dropped:
-/// `readahead::room_target`). Marks the frames `F_PREFETCHED` and counts them; returns how many there are.
+/// `readahead::room_target`). Marks the frames `F_PREFETCHED` and counts them; returns
+/// how many there are.
 pub(crate) fn speculate(dev: &Device, r: &Arc<Region>, vma: Option<&VmaRef>, p: &mut Pages, steps: &[Step]) -> u64 {
     let out = migrate::apply_batch(&Env::access(r, vma), p, steps);
     let mut n = 0u64;

@@ -38,18 +38,19 @@
 //! Lifetimes: the work item owns references to the device and the region. The region's
 //! teardown marks it dead under each block's lock, and the device's unregistration marks
 //! it dead before it evacuates; the worker checks both under the block lock and then does
-//! nothing (and makes no room for a device that is going away). It takes the mm only through `Space::mm_for_worker` (no fetch for an exiting
-//! process: nobody but gmem's workers uses its address space; the workers' own references
-//! are counted exactly, so that lanes taking turns do not keep it alive) and
-//! the mmap lock itself, in the fault paths' order (mmap lock, then the block lock); it
-//! runs on gmem's workqueue, which module unload drains.
+//! nothing (and makes no room for a device that is going away). It takes the mm only
+//! through `Space::mm_for_worker` (no fetch for an exiting process: nobody but gmem's
+//! workers uses its address space; the workers' own references are counted exactly, so
+//! that lanes taking turns do not keep it alive) and the mmap lock itself, in the fault
+//! paths' order (mmap lock, then the block lock); it runs on gmem's workqueue, which
+//! module unload drains.
 //! Switch off with `readahead=0` in `/sys/kernel/debug/gmem/control`.
 
 use crate::exec::migrate::{self, Env, Step};
 use crate::mech::evict::{self, Why};
 use crate::mech::{prefetch, thrash};
 use crate::obj::device::{DevStats, Device};
-use crate::obj::region::{Region, AHEAD_LANES, BLOCK_BYTES, BLOCK_PAGES};
+use crate::obj::region::{Pages, Region, AHEAD_LANES, BLOCK_BYTES, BLOCK_PAGES};
 use crate::obj::space::Space;
 use crate::obj::{tune, wq};
 use crate::policy::page_state::{transition, Actions, Event, Loc, Target};
@@ -211,45 +212,53 @@ impl ReadAhead {
         let Ok(block) = r.block(first) else { return };
         let Ok(mut steps) = KVec::<Step>::with_capacity(BLOCK_PAGES, GFP_KERNEL) else { return };
         let mut p = r.lock(&block);
-        // At most twice: the second time after making room, with the lock dropped.
-        let mut made_room = false;
-        loop {
+        if r.is_dead() || !dev.alive() {
+            return;
+        }
+        let frames = plan(r, &p, d, &mut steps);
+        if let Some(target) = room_target(dev, frames, &mm) {
+            // Room first, with the block lock dropped; then the block as it is now.
+            drop(p);
+            evict::make_room(dev, target, Why::Ahead, None);
+            p = r.lock(&block);
             if r.is_dead() || !dev.alive() {
                 return;
             }
-            let advice = *r.advice.lock();
-            steps.clear();
-            let mut frames = 0u64;
-            for i in p.range() {
-                // Advice decides placement for advised pages; leave them alone.
-                if advice.get(i as u64) != 0 {
-                    continue;
-                }
-                let s = p.state(i);
-                let Ok((next, mut a)) = transition(s, Event::Prefetch { to: Target::Device(d) }) else { continue };
-                // (A transition without actions at most ends a parking: nothing to fetch.)
-                if a == Actions::default() {
-                    continue;
-                }
-                if a.alloc_frame.is_some() {
-                    frames += 1;
-                }
-                // Unmapped: the device's first touch faults (without a copy) and reads
-                // further ahead (the module documentation's marker).
-                a.map_dev = None;
-                // Capacity reserved above.
-                let _ = steps.push(Step { i, prev: s, next, a }, GFP_NOWAIT);
-            }
-            let target = if made_room { None } else { room_target(dev, frames, &mm) };
-            let Some(target) = target else { break };
-            drop(p);
-            evict::make_room(dev, target, Why::Ahead, None);
-            made_room = true;
-            p = r.lock(&block);
+            plan(r, &p, d, &mut steps);
         }
         let n = prefetch::speculate(dev, r, vma, &mut p, &steps);
         DevStats::add(&dev.stats.readahead, n);
     }
+}
+
+/// The read-ahead of the locked block `p` of `r` to device `d`, into `steps` (emptied
+/// first, with room for the block's pages): every page that advice leaves alone, by the
+/// PREFETCH transition, left unmapped. Returns how many device frames it takes.
+fn plan(r: &Region, p: &Pages, d: u8, steps: &mut KVec<Step>) -> u64 {
+    let advice = *r.advice.lock();
+    steps.clear();
+    let mut frames = 0u64;
+    for i in p.range() {
+        // Advice decides placement for advised pages; leave them alone.
+        if advice.get(i as u64) != 0 {
+            continue;
+        }
+        let s = p.state(i);
+        let Ok((next, mut a)) = transition(s, Event::Prefetch { to: Target::Device(d) }) else { continue };
+        // (A transition without actions at most ends a parking: nothing to fetch.)
+        if a == Actions::default() {
+            continue;
+        }
+        if a.alloc_frame.is_some() {
+            frames += 1;
+        }
+        // Unmapped: the device's first touch faults (without a copy) and reads further
+        // ahead (the module documentation's marker).
+        a.map_dev = None;
+        // Capacity for the block's pages reserved by the caller.
+        let _ = steps.push(Step { i, prev: s, next, a }, GFP_NOWAIT);
+    }
+    frames
 }
 
 /// Pre-eviction for a stream: how many frames `dev` should have free before a lane reads
