@@ -111,6 +111,8 @@ pub(crate) struct SimDev {
     /// pages copies this many, then fails with `-fail_err`; `NO_FAILURE` when not armed.
     fail_after: AtomicU64,
     fail_err: AtomicU32,
+    /// Calls long enough to fail that are let through first (each takes one).
+    fail_skip: AtomicU64,
     /// The link model (`GMEM_SIM_IOC_LINK`, module parameters `link_*`).
     links: sim_link::Links,
     /// The copy channels (`copy_channels`) and what they did.
@@ -162,7 +164,9 @@ impl SimDev {
             CopyJob::ToPeer(_, c) | CopyJob::Zero(c) => c.len(),
         };
         let armed = self.live().fail_after.load(Ordering::Acquire);
+        // A call long enough to fail goes through whole while skips are left (taking one).
         let fires = armed < n as u64
+            && self.fail_skip.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |s| s.checked_sub(1)).is_err()
             && self.fail_after.compare_exchange(armed, NO_FAILURE, Ordering::AcqRel, Ordering::Relaxed).is_ok();
         // `armed < n` when it fires, so the cut fits a usize.
         let todo = if fires { armed as usize } else { n };
@@ -362,7 +366,8 @@ struct FailCopyArg {
     argsz: u32,
     err: u32,
     after: u64,
-    reserved: [u64; 2],
+    skip: u64,
+    reserved: u64,
 }
 // SAFETY: integers only, no padding.
 unsafe impl FromBytes for FailCopyArg {}
@@ -439,7 +444,7 @@ impl SimFile {
         let f: FailCopyArg =
             UserSlice::new(UserPtr::from_addr(arg), core::mem::size_of::<FailCopyArg>()).reader().read()?;
         if f.argsz as usize != core::mem::size_of::<FailCopyArg>()
-            || f.reserved != [0; 2]
+            || f.reserved != 0
             || f.err == 0
             || f.err > 4095
             || f.after == NO_FAILURE
@@ -448,6 +453,7 @@ impl SimFile {
         }
         let d = self.dev.reg.data();
         d.fail_err.store(f.err, Ordering::Relaxed);
+        d.fail_skip.store(f.skip, Ordering::Relaxed);
         d.fail_after.store(f.after, Ordering::Release);
         Ok(())
     }
@@ -582,6 +588,7 @@ impl SimModule {
                 faults: AtomicU64::new(0),
                 fail_after: AtomicU64::new(NO_FAILURE),
                 fail_err: AtomicU32::new(0),
+                fail_skip: AtomicU64::new(0),
                 links: sim_link::Links::new(
                     [
                         module_parameters::link_h2d_mbps.value(),

@@ -16,13 +16,14 @@ use crate::obj::devices;
 use crate::obj::dmem::{Charge, Limit};
 use crate::obj::fence::Fence;
 use crate::obj::host_page::HostPage;
-use crate::obj::region::{devices_in, Pages, Region, PAGE_SIZE};
+use crate::obj::region::{devices_in, Pages, Region, BLOCK_BYTES, PAGE_SIZE};
 use crate::obj::space::Space;
 use crate::obj::trace;
 use crate::policy::evict::{F_CLEAN, F_LENT, F_PINNED, F_REF};
 use crate::policy::frames::CHUNK_FRAMES;
 use crate::policy::page_state::{Actions, Copy, Loc, PageState, Refused, MAX_DEVICES};
 use crate::policy::paths::CHUNK_PAGES;
+use core::cell::OnceCell;
 use kernel::{mm::virt::VmaRef, prelude::*, sync::Arc};
 
 /// Where a page's mappings live besides the region itself.
@@ -102,25 +103,31 @@ struct Fresh {
     frame: Option<(u8, u32)>,
 }
 
-/// The devices a batch touches, each looked up in the registry once.
-struct Devs([Option<Arc<Device>>; MAX_DEVICES]);
+/// The devices a batch touches, each looked up in the registry once, on first use. A cell
+/// is set at most once and never cleared, so a device got from it stays for as long as the
+/// `Devs` (copies in flight hold callback sections borrowed from it while the executor goes
+/// on looking devices up).
+struct Devs([OnceCell<Arc<Device>>; MAX_DEVICES]);
 
 impl Devs {
     fn new() -> Self {
         Devs(Default::default())
     }
 
-    /// A device already looked up with [`Devs::get`].
-    fn peek(&self, id: u8) -> Result<&Arc<Device>> {
-        self.0.get(id as usize).and_then(Option::as_ref).ok_or(ENODEV)
+    fn get(&self, id: u8) -> Result<&Arc<Device>> {
+        let cell = self.0.get(id as usize).ok_or(ENODEV)?;
+        if cell.get().is_none() {
+            let _ = cell.set(device(id)?);
+        }
+        cell.get().ok_or(ENODEV)
     }
 
-    fn get(&mut self, id: u8) -> Result<&Arc<Device>> {
-        let slot = self.0.get_mut(id as usize).ok_or(ENODEV)?;
-        if slot.is_none() {
-            *slot = Some(device(id)?);
-        }
-        slot.as_ref().ok_or(ENODEV)
+    /// Keeps `dev` (found by other means: a route's peer) for the batch; its id.
+    fn keep(&self, dev: Arc<Device>) -> Result<u8> {
+        let id = u8::try_from(dev.id).map_err(|_| EINVAL)?;
+        let cell = self.0.get(id as usize).ok_or(ENODEV)?;
+        let _ = cell.set(dev);
+        Ok(id)
     }
 }
 
@@ -134,7 +141,7 @@ struct FrameSupply {
 }
 
 impl FrameSupply {
-    fn new(devs: &mut Devs, space: &Space, p: &Pages, steps: &[Step]) -> Self {
+    fn new(devs: &Devs, space: &Space, p: &Pages, steps: &[Step]) -> Self {
         let mut want = [0usize; MAX_DEVICES];
         for st in steps {
             if let Some(d) = st.a.alloc_frame {
@@ -193,7 +200,7 @@ impl FrameSupply {
         self.limits.get_mut(d as usize).and_then(Option::take)
     }
 
-    fn take(&mut self, devs: &mut Devs, d: u8) -> Result<u32> {
+    fn take(&mut self, devs: &Devs, d: u8) -> Result<u32> {
         let dev = devs.get(d)?;
         if !dev.alive() {
             return Err(ENODEV);
@@ -202,7 +209,7 @@ impl FrameSupply {
     }
 
     /// Gives every frame not handed out back to its device.
-    fn give_back(&mut self, devs: &mut Devs) {
+    fn give_back(&mut self, devs: &Devs) {
         for d in 0..MAX_DEVICES {
             while let Some(f) = self.frames[d].pop() {
                 if let Ok(dev) = devs.get(d as u8) {
@@ -214,7 +221,7 @@ impl FrameSupply {
 }
 
 /// Frees what step 1 allocated for one page when a later step fails.
-fn undo(p: &mut Pages, i: usize, fresh: &Fresh, devs: &mut Devs) {
+fn undo(p: &mut Pages, i: usize, fresh: &Fresh, devs: &Devs) {
     if fresh.host {
         drop(p.set_host(i, None));
     }
@@ -247,23 +254,33 @@ fn runs(steps: &[Step], pick: impl Fn(&Step) -> bool, mut f: impl FnMut(usize, u
 /// Which copy batch a page joins: (direction, source device, destination device).
 type CopyKey = (u32, u8, u8);
 
+/// The driver call a copy joins; `None` for no copy or a host-side zero fill.
+fn copy_key(c: Copy) -> Option<CopyKey> {
+    Some(match c {
+        Copy::None | Copy::ZeroHost => return None,
+        Copy::ZeroDev(d) => (GMEM_COPY_ZERO, d, d),
+        Copy::H2D(d) => (GMEM_COPY_H2D, d, d),
+        Copy::D2H(o) => (GMEM_COPY_D2H, o, o),
+        Copy::D2D { from, to } => (GMEM_COPY_D2D, from, to),
+    })
+}
+
 /// The copy a step needs from the driver, as its batch key and its `gmem_copy` entry;
 /// `None` for no copy or a host-side zero fill.
 fn copy_entry(p: &Pages, st: &Step, fresh: &Fresh) -> Result<Option<(CopyKey, GmemCopy)>> {
+    let Some(key) = copy_key(st.a.copy) else { return Ok(None) };
     let nf = fresh.frame.map(|(_, f)| u64::from(f)).unwrap_or(0);
-    let old_frame = p.frame(st.i);
+    let old_frame = u64::from(p.frame(st.i));
     let null = core::ptr::null_mut();
-    Ok(Some(match st.a.copy {
-        Copy::None | Copy::ZeroHost => return Ok(None),
-        Copy::ZeroDev(d) => ((GMEM_COPY_ZERO, d, d), GmemCopy { host: null, frame: nf, peer_frame: 0 }),
-        Copy::H2D(d) => ((GMEM_COPY_H2D, d, d), GmemCopy { host: host_ptr(p, st.i)?, frame: nf, peer_frame: 0 }),
-        Copy::D2H(o) => {
-            ((GMEM_COPY_D2H, o, o), GmemCopy { host: host_ptr(p, st.i)?, frame: u64::from(old_frame), peer_frame: 0 })
-        }
-        Copy::D2D { from, to } => {
-            ((GMEM_COPY_D2D, from, to), GmemCopy { host: null, frame: u64::from(old_frame), peer_frame: nf })
-        }
-    }))
+    Ok(Some((
+        key,
+        match key.0 {
+            GMEM_COPY_H2D => GmemCopy { host: host_ptr(p, st.i)?, frame: nf, peer_frame: 0 },
+            GMEM_COPY_D2H => GmemCopy { host: host_ptr(p, st.i)?, frame: old_frame, peer_frame: 0 },
+            GMEM_COPY_D2D => GmemCopy { host: null, frame: old_frame, peer_frame: nf },
+            _ => GmemCopy { host: null, frame: nf, peer_frame: 0 },
+        },
+    )))
 }
 
 /// Smallest share of a copy that is worth a channel of its own (256 KiB): a call of
@@ -342,7 +359,7 @@ fn copy_lists(p: &Pages, steps: &[Step], fresh: &[Fresh]) -> Result<KVec<(CopyKe
 /// One callback section per device involved (peers of routes included) is entered before
 /// anything starts and held until every copy completed, so unregistration
 /// (`Device::quiesce`) waits for them.
-fn copy_batch(lists: &[(CopyKey, KVec<GmemCopy>)], devs: &mut Devs, space: &Space) -> Result {
+fn copy_batch(lists: &[(CopyKey, KVec<GmemCopy>)], devs: &Devs, space: &Space) -> Result {
     // Routes through a peer, chosen (and their peers looked up) before any section opens:
     // (list, peer, pages).
     let mut picks: KVec<(usize, u8, usize)> = KVec::new();
@@ -350,24 +367,20 @@ fn copy_batch(lists: &[(CopyKey, KVec<GmemCopy>)], devs: &mut Devs, space: &Spac
         if *dir != GMEM_COPY_H2D {
             continue;
         }
-        if let Some((peer, via)) = multipath::pick(devs.peek(*from)?, pages.len()) {
-            let id = u8::try_from(peer.id).map_err(|_| EINVAL)?;
-            if let Some(slot) = devs.0.get_mut(id as usize) {
-                slot.get_or_insert(peer);
-                picks.push((k, id, via), GFP_KERNEL)?;
-            }
+        if let Some((peer, via)) = multipath::pick(devs.get(*from)?, pages.len()) {
+            let id = devs.keep(peer)?;
+            picks.push((k, id, via), GFP_KERNEL)?;
         }
     }
-    let devs: &Devs = devs;
     let mut sections: [Option<Ops<'_>>; MAX_DEVICES] = Default::default();
     for ((dir, from, to), _) in lists.iter() {
         for d in [*from, *to] {
             let slot = sections.get_mut(d as usize).ok_or(ENODEV)?;
             if slot.is_none() {
-                *slot = Some(devs.peek(d)?.ops().ok_or(ENODEV)?);
+                *slot = Some(devs.get(d)?.ops().ok_or(ENODEV)?);
             }
         }
-        if *dir == GMEM_COPY_D2D && !devs.peek(*from)?.same_driver(devs.peek(*to)?) {
+        if *dir == GMEM_COPY_D2D && !devs.get(*from)?.same_driver(devs.get(*to)?) {
             // Peer copies need one driver on both ends; the state machine's caller only
             // offers peers of the same driver (see `evict::peer_for`).
             return Err(EXDEV);
@@ -377,7 +390,7 @@ fn copy_batch(lists: &[(CopyKey, KVec<GmemCopy>)], devs: &mut Devs, space: &Spac
     // simply not used). Declared after `sections`: freed before they close.
     let mut routes: KVec<(usize, multipath::Staging)> = KVec::new();
     for &(k, id, via) in picks.iter() {
-        let (Ok(peer), Some(slot)) = (devs.peek(id), sections.get_mut(id as usize)) else { continue };
+        let (Ok(peer), Some(slot)) = (devs.get(id), sections.get_mut(id as usize)) else { continue };
         if slot.is_none() {
             *slot = peer.ops();
         }
@@ -415,7 +428,7 @@ fn copy_batch(lists: &[(CopyKey, KVec<GmemCopy>)], devs: &mut Devs, space: &Spac
         }
         let (dir, from, to) = (*dir, *from, *to);
         // Both looked up and entered above.
-        let (Ok(src), Some(Some(sops))) = (devs.peek(from), sections.get(from as usize)) else {
+        let (Ok(src), Some(Some(sops))) = (devs.get(from), sections.get(from as usize)) else {
             res = Err(ENODEV);
             break;
         };
@@ -433,13 +446,7 @@ fn copy_batch(lists: &[(CopyKey, KVec<GmemCopy>)], devs: &mut Devs, space: &Spac
         if pages.is_empty() {
             continue;
         }
-        let stat = match dir {
-            GMEM_COPY_ZERO => &src.stats.pages_zeroed,
-            GMEM_COPY_H2D => &src.stats.pages_h2d,
-            GMEM_COPY_D2H => &src.stats.pages_d2h,
-            _ => &src.stats.pages_d2d,
-        };
-        DevStats::add(stat, pages.len() as u64);
+        DevStats::add(pages_stat(src, dir), pages.len() as u64);
         trace::migrate(dir, src.id, (dir == GMEM_COPY_D2D).then_some(usize::from(to)), pages.len());
         let chans = if overlap { sops.channels() } else { 0 };
         let per = pages.len().div_ceil(shares(pages.len(), chans));
@@ -486,6 +493,16 @@ fn copy_batch(lists: &[(CopyKey, KVec<GmemCopy>)], devs: &mut Devs, space: &Spac
     res.and(waited)
 }
 
+/// The counter of pages that `dev`'s copy engine moves (or fills) in direction `dir`.
+fn pages_stat(dev: &Device, dir: u32) -> &core::sync::atomic::AtomicU64 {
+    match dir {
+        GMEM_COPY_ZERO => &dev.stats.pages_zeroed,
+        GMEM_COPY_H2D => &dev.stats.pages_h2d,
+        GMEM_COPY_D2H => &dev.stats.pages_d2h,
+        _ => &dev.stats.pages_d2d,
+    }
+}
+
 /// Starts one asynchronous copy of `part` on channel `chan` of `ops`; its fence joins
 /// `flight`.
 fn start(
@@ -499,9 +516,10 @@ fn start(
     flight.0.reserve(1, GFP_KERNEL)?;
     let fence = Fence::new()?;
     // SAFETY: `part` lives in the caller's `lists` or a route's `Staging` (both kept until
-    // `copy_batch` returns, after `flight` waited), the pages and frames it names in the
-    // caller's batch (under the block lock) or the route's staging frames (freed only after
-    // `flight` waited), and `fence` in `flight`, which waits for it before any of them can go.
+    // `flight` waited: `copy_batch` and `pipelined` declare them first), the pages and
+    // frames it names in the caller's batch (under the block lock) or the route's staging
+    // frames (freed only after `flight` waited), and `fence` in `flight`, which waits for
+    // it before any of them can go.
     unsafe { ops.copy_async(chan, dir, part, peer, &fence) }?;
     // Capacity reserved above.
     let _ = flight.0.push_within_capacity(fence);
@@ -559,8 +577,12 @@ pub(crate) fn apply(env: &Env<'_>, p: &mut Pages, i: usize, next: PageState, a: 
 ///    state, its mappings revoked);
 /// 5. per page: release the old placement and commit the new state;
 /// 6. per device: one `map` with every new entry.
+///
+/// A batch whose copies are all one driver call and make several channel shares runs
+/// steps 2 to 6 part by part instead ([`pipelined`], [`share_plan`]): each part is
+/// committed and mapped as its copy completes, while the later parts are on the link.
 pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outcome {
-    let mut devs = Devs::new();
+    let devs = Devs::new();
     // What step 1 allocated, per step: on the stack for small batches (a single CPU fault
     // allocates nothing here).
     const SMALL: usize = 8;
@@ -583,7 +605,7 @@ pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outco
     let space = &env.region.space;
 
     // 1. Allocation.
-    let mut supply = FrameSupply::new(&mut devs, space, p, steps);
+    let mut supply = FrameSupply::new(&devs, space, p, steps);
     let mut stop = Ok(());
     let mut limit = None;
     for st in steps {
@@ -608,10 +630,10 @@ pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outco
             }
         }
         if let Some(d) = st.a.alloc_frame {
-            match supply.take(&mut devs, d) {
+            match supply.take(&devs, d) {
                 Ok(fr) => f.frame = Some((d, fr)),
                 Err(e) => {
-                    undo(p, i, &f, &mut devs);
+                    undo(p, i, &f, &devs);
                     if e == ENOSPC {
                         limit = supply.limit(d);
                     }
@@ -623,7 +645,7 @@ pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outco
         fresh[nfresh] = f;
         nfresh += 1;
     }
-    supply.give_back(&mut devs);
+    supply.give_back(&devs);
     let steps = &steps[..nfresh];
     let fresh = &fresh[..nfresh];
     if steps.is_empty() {
@@ -634,11 +656,70 @@ pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outco
     let mut ops: KVec<(u8, FrameOp)> = KVec::new();
     if let Err(e) = ops.reserve(steps.iter().zip(fresh.iter()).map(|(st, f)| frame_ops(st, f)).sum(), GFP_KERNEL) {
         for (st, f) in steps.iter().zip(fresh.iter()) {
-            undo(p, st.i, f, &mut devs);
+            undo(p, st.i, f, &devs);
         }
         return Outcome::failed(e.into());
     }
 
+    let mut kicked = 0u16;
+    // Mappings go in with each part, unless the batch is a whole aligned block, which may
+    // take one 2 MiB entry at the end instead (`map_batch`).
+    let r = p.range();
+    let whole =
+        steps.len() == BATCH_PAGES && r.len() == BATCH_PAGES && env.region.va(r.start) % BLOCK_BYTES as u64 == 0;
+    let mut mapped = Ok(());
+    let mut map_at_end = true;
+    let (committed, res) = match share_plan(steps, &devs) {
+        Some(plan) => {
+            map_at_end = whole;
+            let map_each = (!whole).then_some(&mut mapped);
+            pipelined(env, p, steps, fresh, &devs, plan, (&mut ops, &mut kicked), map_each)
+        }
+        None => {
+            // 2.-3. Revoke every mapping, 4. copy everything, 5. commit everything.
+            revoke(env, p, steps, &devs);
+            let copied = copy_lists(p, steps, fresh).and_then(|lists| copy_batch(&lists, &devs, space));
+            if let Err(e) = copied {
+                for (st, f) in steps.iter().zip(fresh.iter()) {
+                    undo(p, st.i, f, &devs);
+                }
+                return Outcome::failed(e);
+            }
+            commit_steps(env, p, steps, fresh, &devs, &mut ops, &mut kicked);
+            (steps.len(), Ok(()))
+        }
+    };
+    let steps = &steps[..committed];
+    // The holders the updates replaced were dropped with each part's commit, without any
+    // pool lock. They are all references to this region (the frames freed or re-owned
+    // belonged to its pages; fresh frames had no holder), which the caller keeps alive:
+    // none of them is the last one, so no region or space is torn down under the block lock.
+    drop(ops);
+    for d in devices_in(kicked) {
+        if let Ok(dev) = devs.get(d) {
+            devmod::kick(dev);
+        }
+    }
+
+    // 6. Device mappings, unless each part's went in with it (a failure leaves consistent,
+    // merely unmapped pages).
+    if map_at_end {
+        mapped = map_steps(env, p, steps, &devs);
+    }
+    // A failed copy stopped the rest; otherwise what stopped the allocation, if anything;
+    // otherwise a failure to map.
+    let (res, limit) = match res {
+        Err(e) => (Err(e), None),
+        Ok(()) => (stop.and(mapped), limit),
+    };
+    Outcome { done: committed, res, limit }
+}
+
+/// Steps 2 and 3 for `steps`: one CPU zap per run of consecutive pages, and per device one
+/// `unmap` and one `tlb_invalidate` per run (a prefetched page that leaves a device is
+/// settled as used or wasted first, by the device's accessed bit).
+fn revoke(env: &Env<'_>, p: &Pages, steps: &[Step], devs: &Devs) {
+    let space = &env.region.space;
     // 2. Revoke CPU mappings (before the copy, see the module documentation).
     if let Some(vma) = env.vma {
         runs(
@@ -657,12 +738,13 @@ pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outco
         // A device that is gone has no page table left to unmap from.
         let (Some(ops), Some(ctx)) = (dev.ops(), space.ctx_if_any(dev)) else { continue };
         // A prefetched page leaves: did the device ever touch it? The frames' flags are read
-        // under one pool lock; the driver is asked after it (no callback under the pool lock).
+        // (and cleared: a page is settled once) under one pool lock; the driver is asked
+        // after it (no callback under the pool lock).
         let r0 = p.range().start;
         let leaving = |st: &&Step| {
             st.a.unmap_dev & (1 << d) != 0 && st.prev.loc() == Loc::Device(d) && st.a.free_frame == Some(d)
         };
-        let prefetched = dev.prefetched_among(steps.iter().filter(leaving).map(|st| (st.i - r0, p.frame(st.i))));
+        let prefetched = dev.take_prefetched(steps.iter().filter(leaving).map(|st| (st.i - r0, p.frame(st.i))));
         for st in steps.iter().filter(leaving) {
             let k = st.i - r0;
             if prefetched.get(k / 64).is_some_and(|w| w & (1 << (k % 64)) != 0) {
@@ -681,29 +763,23 @@ pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outco
             },
         );
     }
+}
 
-    // 4. Data: every device a copy involves is looked up first (the copies in flight hold
-    // callback sections of them), then the copies run.
-    let copied = copy_lists(p, steps, fresh).and_then(|lists| {
-        for ((_, from, to), _) in lists.iter() {
-            devs.get(*from)?;
-            devs.get(*to)?;
-        }
-        copy_batch(&lists, &mut devs, &env.region.space)
-    });
-    if let Err(e) = copied {
-        for (st, f) in steps.iter().zip(fresh.iter()) {
-            undo(p, st.i, f, &mut devs);
-        }
-        return Outcome::failed(e);
-    }
-
-    // 5. Release the old placement, commit.
-    let mut kicked = 0u16;
+/// Step 5 for `steps` (their copies complete): releases each page's old placement and
+/// commits it, then applies the frame updates under one pool lock per device, and drops
+/// the holders they replaced (after the lock; `ops` keeps its capacity).
+fn commit_steps(
+    env: &Env<'_>,
+    p: &mut Pages,
+    steps: &[Step],
+    fresh: &[Fresh],
+    devs: &Devs,
+    ops: &mut KVec<(u8, FrameOp)>,
+    kicked: &mut u16,
+) {
     for (st, f) in steps.iter().zip(fresh.iter()) {
-        commit(env, p, st, f, &mut ops, &mut kicked);
+        commit(env, p, st, f, ops, kicked);
     }
-    // One pool lock per device for all of the batch's frees and owner updates.
     let touched = ops.iter().fold(0u16, |m, (d, _)| m | (1 << d));
     for d in devices_in(touched) {
         if let Ok(dev) = devs.get(d) {
@@ -711,26 +787,167 @@ pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outco
             dev.note_prefetch(used, 0);
         }
     }
-    // The holders the updates replaced go here, without any pool lock. They are all
-    // references to this region (the frames freed or re-owned belonged to its pages; fresh
-    // frames had no holder), which the caller keeps alive: none of them is the last one,
-    // so no region or space is torn down under the block lock.
-    drop(ops);
-    for d in devices_in(kicked) {
-        if let Ok(dev) = devs.get(d) {
-            devmod::kick(dev);
-        }
-    }
+    ops.clear();
+}
 
-    // 6. Device mappings (a failure leaves consistent, merely unmapped pages).
-    let map_mask = steps.iter().fold(0u16, |m, st| m | st.a.map_dev.map_or(0, |m| 1 << m.dev));
-    let mut res = stop;
-    for d in devices_in(map_mask) {
-        if let Err(e) = map_batch(env, p, steps, d, &mut devs) {
-            res = Err(e);
+/// How [`pipelined`] runs a batch: its copies' one driver call, `(direction, source,
+/// destination)`, and how many entries each part takes.
+#[derive(Clone, Copy)]
+struct SharePlan {
+    key: CopyKey,
+    /// Copy entries in all.
+    n: usize,
+    per: usize,
+}
+
+/// Whether a batch runs in parts ([`pipelined`]): every copy it needs is the same driver
+/// call (one direction between the same devices, of the same driver), the source device
+/// has copy channels and the copies make two shares or more (`shares`), and a host-to-device
+/// copy would not be routed through a peer (`multipath::pick`; a route's two stages are
+/// `copy_batch`'s). Any other batch is copied whole.
+fn share_plan(steps: &[Step], devs: &Devs) -> Option<SharePlan> {
+    let mut key = None;
+    let mut n = 0usize;
+    for k in steps.iter().filter_map(|st| copy_key(st.a.copy)) {
+        if key.is_some_and(|x| x != k) {
+            return None;
+        }
+        key = Some(k);
+        n += 1;
+    }
+    let key = key?;
+    let src = devs.get(key.1).ok()?;
+    if key.0 == GMEM_COPY_D2D && !src.same_driver(devs.get(key.2).ok()?) {
+        return None;
+    }
+    let parts = shares(n, src.ops()?.channels());
+    if parts < 2 || (key.0 == GMEM_COPY_H2D && multipath::pick(src, n).is_some()) {
+        return None;
+    }
+    Some(SharePlan { key, n, per: n.div_ceil(parts) })
+}
+
+/// Steps 2 to 6 of a batch in parts, so that the work after each copy overlaps the other
+/// parts' copies instead of waiting for all of them: every page's mappings are revoked,
+/// then every part's copy is started, each on the next channel; then part by part, in
+/// order, its copy is waited for and its pages committed, and mapped unless `map_each` is
+/// `None` (while the parts after it are still on the link). A part is the steps up to its last
+/// copy entry (`plan.per` of them; the last part also takes the steps after it).
+///
+/// Ordering: a page's mappings are revoked before its copy starts and its state commits
+/// after its copy completed, as for a whole batch; the block lock is held throughout, so
+/// nobody sees a part committed while a later one is on the link. If a part fails to start,
+/// no later part is started; if a part's copy completes with an error, no later part is
+/// committed. Once every started copy completed, the parts before the failed one stay
+/// committed and the steps from it on are undone (their mappings were revoked: they come
+/// back on the next fault). Returns how many steps were committed and the error that
+/// stopped the rest.
+#[allow(clippy::too_many_arguments)]
+fn pipelined(
+    env: &Env<'_>,
+    p: &mut Pages,
+    steps: &[Step],
+    fresh: &[Fresh],
+    devs: &Devs,
+    plan: SharePlan,
+    (ops, kicked): (&mut KVec<(u8, FrameOp)>, &mut u16),
+    mut map_each: Option<&mut Result>,
+) -> (usize, Result) {
+    let (dir, from, to) = plan.key;
+    let undo_all = |p: &mut Pages, from_step: usize| {
+        for (st, f) in steps[from_step..].iter().zip(fresh[from_step..].iter()) {
+            undo(p, st.i, f, devs);
+        }
+    };
+    // Part boundaries (one past each part's last step), and the copy entries of every part,
+    // kept until every copy completed: declared before the sections and the fences, so
+    // dropped after them.
+    let parts = plan.n.div_ceil(plan.per);
+    let mut ends: KVec<usize> = KVec::new();
+    let mut lists: KVec<KVec<(CopyKey, KVec<GmemCopy>)>> = KVec::new();
+    if ends.reserve(parts, GFP_KERNEL).is_err() || lists.reserve(parts, GFP_KERNEL).is_err() {
+        undo_all(p, 0);
+        return (0, Err(ENOMEM));
+    }
+    let mut copies = 0usize;
+    for (k, st) in steps.iter().enumerate() {
+        if copy_key(st.a.copy).is_some() {
+            copies += 1;
+            if copies % plan.per == 0 || copies == plan.n {
+                // At most `parts` boundaries: reserved above.
+                let _ = ends.push_within_capacity(if copies == plan.n { steps.len() } else { k + 1 });
+            }
         }
     }
-    Outcome { done: steps.len(), res, limit }
+    let sections = devs.get(from).and_then(|src| {
+        let sops = src.ops().ok_or(ENODEV)?;
+        let dops = match dir {
+            GMEM_COPY_D2D => Some(devs.get(to)?.ops().ok_or(ENODEV)?),
+            _ => None,
+        };
+        Ok((src, sops, dops))
+    });
+    let (src, sops, dops) = match sections {
+        Ok(s) => s,
+        Err(e) => {
+            undo_all(p, 0);
+            return (0, Err(e));
+        }
+    };
+    let peer = dops.as_deref();
+    let chans = sops.channels();
+    let stat = pages_stat(src, dir);
+    // Declared after `lists` and the sections: dropped (waited for) before them.
+    let mut flight = InFlight(KVec::new());
+    let mut res = Ok(());
+    let mut begin = 0;
+    for (k, &end) in ends.iter().enumerate() {
+        let (part, made) = (&steps[begin..end], &fresh[begin..end]);
+        if k == 0 {
+            // Every part's mappings at once, as for a whole batch: one CPU zap and one
+            // device TLB flush per run, not per part.
+            revoke(env, p, steps, devs);
+        }
+        let started = copy_lists(p, part, made).and_then(|l| {
+            // Kept in `lists` before the copy starts (capacity reserved above; the entries'
+            // buffer does not move when later parts are pushed).
+            lists.push_within_capacity(l).map_err(|_| ENOMEM)?;
+            let entries: &[GmemCopy] = lists.last().and_then(|l| l.first()).map_or(&[], |(_, e)| &e[..]);
+            DevStats::add(stat, entries.len() as u64);
+            DevStats::add(&src.stats.copy_calls, 1);
+            trace::migrate(dir, src.id, (dir == GMEM_COPY_D2D).then_some(usize::from(to)), entries.len());
+            start(&mut flight, &sops, src.next_channel(chans), dir, entries, peer)
+        });
+        if let Err(e) = started {
+            res = Err(e);
+            break;
+        }
+        begin = end;
+    }
+    // Commit part by part as its copy completes; stop at the first failure.
+    let mut committed = 0;
+    for (k, &end) in ends.iter().enumerate().take(flight.0.len()) {
+        if res.is_err() {
+            break;
+        }
+        if let Err(e) = flight.0.get(k).map_or(Err(EINVAL), |f| f.wait()) {
+            res = Err(e);
+            break;
+        }
+        commit_steps(env, p, &steps[committed..end], &fresh[committed..end], devs, ops, kicked);
+        if let Some(mapped) = map_each.as_deref_mut() {
+            let m = map_steps(env, p, &steps[committed..end], devs);
+            if mapped.is_ok() {
+                *mapped = m;
+            }
+        }
+        committed = end;
+    }
+    // Every started copy completes before its frames, pages or entries can go.
+    let _ = flight.wait_all();
+    drop(flight);
+    undo_all(p, committed);
+    (committed, res)
 }
 
 /// Frame updates one step's commit makes: the old owner frame, its duplicates, and the
@@ -847,10 +1064,22 @@ fn huge_entry(env: &Env<'_>, p: &Pages) -> Option<(u8, GmemPte)> {
     same.then_some((d, GmemPte { va, frame: u64::from(base), host: core::ptr::null_mut(), prot, flags: GMEM_PTE_2M }))
 }
 
+/// Step 6 for `steps`: one `map_batch` per device that maps any of them; the first error.
+fn map_steps(env: &Env<'_>, p: &Pages, steps: &[Step], devs: &Devs) -> Result {
+    let map_mask = steps.iter().fold(0u16, |m, st| m | st.a.map_dev.map_or(0, |m| 1 << m.dev));
+    let mut res = Ok(());
+    for d in devices_in(map_mask) {
+        if let Err(e) = map_batch(env, p, steps, d, devs) {
+            res = res.and(Err(e));
+        }
+    }
+    res
+}
+
 /// Step 6 for device `d`: one `map` call with the entries of every step that maps on it,
 /// or with one 2 MiB entry for the whole block when the device takes those and the block
 /// qualifies (`huge_entry`); the driver replaces the block's 4 KiB entries with it.
-fn map_batch(env: &Env<'_>, p: &Pages, steps: &[Step], d: u8, devs: &mut Devs) -> Result {
+fn map_batch(env: &Env<'_>, p: &Pages, steps: &[Step], d: u8, devs: &Devs) -> Result {
     let dev = devs.get(d)?.clone();
     if !dev.alive() {
         return Err(ENODEV);

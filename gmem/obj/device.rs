@@ -911,16 +911,19 @@ impl Device {
 
     /// Which of the frames `frames` (each tagged with a bit index below 512) are still
     /// marked prefetched, as a bitmap, under one acquisition of the pool lock (none at all
-    /// when `frames` is empty).
-    pub(crate) fn prefetched_among(&self, frames: impl Iterator<Item = (usize, u32)>) -> [u64; 8] {
+    /// when `frames` is empty). The mark is cleared on the frames it reports: the caller
+    /// settles each of them, once, even if the move it settles them for fails and is retried.
+    pub(crate) fn take_prefetched(&self, frames: impl Iterator<Item = (usize, u32)>) -> [u64; 8] {
         let mut out = [0u64; 8];
         let mut frames = frames.peekable();
         if frames.peek().is_none() {
             return out;
         }
-        let pool = self.pool();
+        let mut pool = self.pool();
         for (k, f) in frames {
-            if pool.flags.get(f as usize).is_some_and(|fl| fl & F_PREFETCHED != 0) {
+            let Some(fl) = pool.flags.get_mut(f as usize) else { continue };
+            if *fl & F_PREFETCHED != 0 {
+                *fl &= !F_PREFETCHED;
                 if let Some(w) = out.get_mut(k / 64) {
                     *w |= 1 << (k % 64);
                 }

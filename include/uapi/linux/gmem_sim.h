@@ -74,15 +74,18 @@ struct gmem_sim_info {
 /*
  * Fault injection: the next copy-engine call on this device that moves more than @after
  * pages copies the first @after of them and then fails with -@err (one shot; arming again
- * replaces it). A real copy engine can fail part way (a bus or ECC error); this lets the
- * tests check that gmem leaves every page of the batch valid. EINVAL: bad argsz, nonzero
- * reserved, @err not in 1..4095, @after == 2^64 - 1.
+ * replaces it). The first @skip such calls are let through whole (in the order the engine
+ * takes them: on channels, the order they were started). A real copy engine can fail part
+ * way (a bus or ECC error); this lets the tests check that gmem leaves every page of the
+ * batch valid. EINVAL: bad argsz, nonzero reserved, @err not in 1..4095,
+ * @after == 2^64 - 1.
  */
 struct gmem_sim_fail_copy {
 	__u32 argsz;		/* sizeof(struct gmem_sim_fail_copy) */
 	__u32 err;		/* positive errno, e.g. EIO */
 	__u64 after;		/* pages copied before the failure */
-	__u64 reserved[2];
+	__u64 skip;		/* calls long enough to fail that still succeed first */
+	__u64 reserved;
 };
 
 /*

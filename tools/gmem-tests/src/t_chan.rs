@@ -4,7 +4,7 @@
 //! channels' workers run them, and the data arrive intact; a copy that fails on a channel
 //! fails the migration with its errno and leaves every page as it was.
 
-use crate::harness::{open, words, TestResult};
+use crate::harness::{all_at, open, words, TestResult};
 use crate::{ensure, expect_errno, ok};
 use libgmem::sim::{checksum, SimInfo};
 use libgmem::{q_loc, GMEM_ADV_PREFETCH, GMEM_LOC_DEVICE, GMEM_LOC_HOST};
@@ -92,10 +92,45 @@ fn failed_channel_copy_fails_the_fault() -> TestResult {
     Ok(())
 }
 
+/// A PREFETCH of one whole, aligned block is committed part by part, as each channel's
+/// copy completes (`migrate::pipelined`): when the second part's copy fails (after 100 of
+/// its 256 pages; the first part, a call long enough to fail, is let through), the advice
+/// fails with the errno, the first part's pages are on the device and the second part's
+/// are still on the host, and every page holds its data, on the device and on the CPU.
+fn later_part_failure_keeps_earlier_parts() -> TestResult {
+    let (g, s) = open()?;
+    const LEN: usize = 2 << 20;
+    let pages = LEN / 4096;
+    let r = ok!(g.alloc(2 * LEN as u64));
+    for (i, w) in words(&r).iter_mut().enumerate() {
+        *w = pattern(i);
+    }
+    let a = r.addr.next_multiple_of(LEN as u64);
+    let first = ((a - r.addr) / 4) as usize;
+    let want: Vec<u32> = (first..first + LEN / 4).map(pattern).collect();
+    let i0 = ok!(s.info());
+    ok!(s.fail_copy_skipping(1, 100, libc::EIO as u32));
+    expect_errno!(g.advise(a, LEN as u64, GMEM_ADV_PREFETCH, 0, 0), libc::EIO);
+    let i1 = ok!(s.info());
+    ensure!(i1.inflight == 0, "{} copies still in flight after the failure", i1.inflight);
+    let moved = i1.async_pages - i0.async_pages;
+    ensure!(moved == 256 + 100, "the channels report {moved} pages moved; 256 + 100 expected");
+    let q = ok!(g.query(a, pages));
+    all_at(&q[..pages / 2], GMEM_LOC_DEVICE, 0).map_err(|e| format!("first part: {e}"))?;
+    all_at(&q[pages / 2..], GMEM_LOC_HOST, 0).map_err(|e| format!("second part: {e}"))?;
+    // The device reads every page right (the second part faults over now), so does the CPU.
+    let o = ok!(s.checksum(a, LEN as u64));
+    ensure!(o.result == checksum(&want), "the device reads wrong data after the failure");
+    let w = words(&r);
+    ensure!(w[first..first + LEN / 4] == want[..], "the CPU reads wrong data after the failure");
+    Ok(())
+}
+
 pub fn tests() -> Vec<crate::harness::Test> {
     use crate::harness::Test;
     vec![
         Test { name: "chan_prefetch_runs_on_every_channel_at_once", f: prefetch_runs_on_every_channel_at_once },
         Test { name: "chan_failed_channel_copy_fails_the_fault", f: failed_channel_copy_fails_the_fault },
+        Test { name: "chan_later_part_failure_keeps_earlier_parts", f: later_part_failure_keeps_earlier_parts },
     ]
 }

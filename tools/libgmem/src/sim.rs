@@ -66,7 +66,8 @@ pub struct SimFailCopy {
     pub argsz: u32,
     pub err: u32,
     pub after: u64,
-    pub reserved: [u64; 2],
+    pub skip: u64,
+    pub reserved: u64,
 }
 
 pub const GMEM_SIM_IOC_LAUNCH: u64 = iowr_s(0x01, std::mem::size_of::<SimLaunch>());
@@ -200,7 +201,13 @@ impl Sim {
     /// Arms a one-shot copy failure: the next copy call of more than `after` pages copies
     /// `after` of them, then fails with `err`.
     pub fn fail_copy(&self, after: u64, err: u32) -> Result<()> {
-        let mut f = SimFailCopy { argsz: argsz::<SimFailCopy>(), err, after, ..Default::default() };
+        self.fail_copy_skipping(0, after, err)
+    }
+
+    /// Like [`Sim::fail_copy`], but the first `skip` calls of more than `after` pages go
+    /// through whole; the one after them fails.
+    pub fn fail_copy_skipping(&self, skip: u64, after: u64, err: u32) -> Result<()> {
+        let mut f = SimFailCopy { argsz: argsz::<SimFailCopy>(), err, after, skip, ..Default::default() };
         // SAFETY: `SimFailCopy` is the argument of GMEM_SIM_IOC_FAIL_COPY.
         unsafe { ioctl_raw(self.file.as_raw_fd(), GMEM_SIM_IOC_FAIL_COPY, &mut f) }.map(|_| ())
     }
