@@ -155,7 +155,7 @@ impl SimDev {
 
     /// What the engine will do with `job`, decided when it takes the job: how many pages it
     /// copies (an armed failure fires once, in the middle of the first call long enough for
-    /// it) and the link time it books, from `not_before` (see `sim_link::Links::book`)
+    /// it once `fail_skip` such calls went through) and the link time it books, from `not_before` (see `sim_link::Links::book`)
     /// or now, behind what the link carries already. A copy after unregistration, even one
     /// queued on a channel, is a gmem bug.
     pub(crate) fn plan_copy(&self, job: &CopyJob<'_, Self>, not_before: u64) -> CopyPlan {

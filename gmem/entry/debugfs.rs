@@ -148,12 +148,13 @@ fn show_device(d: &Device, f: &mut fmt::Formatter<'_>) -> fmt::Result {
     )?;
     writeln!(
         f,
-        "  prefetch: pages={} used={} wasted={} readahead={} thrash_events={}",
+        "  prefetch: pages={} used={} wasted={} readahead={} thrash_events={} accuracy_pct={}",
         g(&s.prefetched),
         g(&s.prefetch_used),
         g(&s.prefetch_wasted),
         g(&s.readahead),
-        g(&s.thrash_events)
+        g(&s.thrash_events),
+        d.prefetch_accuracy_pct()
     )
 }
 

@@ -16,7 +16,7 @@ use crate::obj::devices;
 use crate::obj::dmem::{Charge, Limit};
 use crate::obj::fence::Fence;
 use crate::obj::host_page::HostPage;
-use crate::obj::region::{devices_in, Pages, Region, BLOCK_BYTES, PAGE_SIZE};
+use crate::obj::region::{devices_in, Pages, Region, PAGE_SIZE};
 use crate::obj::space::Space;
 use crate::obj::trace;
 use crate::policy::evict::{F_CLEAN, F_LENT, F_PINNED, F_REF};
@@ -296,8 +296,8 @@ fn shares(n: usize, channels: u32) -> usize {
 }
 
 /// The fences of the copies of one batch that the driver accepted. Dropping it waits for
-/// every one not yet waited for, so no path out of `copy_batch` (an early error included)
-/// can free a fence, an entry array or a page while a copy still uses it.
+/// every one not yet waited for, so no path out of `copy_batch` or `pipelined` (an early
+/// error included) can free a fence, an entry array or a page while a copy still uses it.
 struct InFlight(KVec<Pin<KBox<Fence>>>);
 
 impl InFlight {
@@ -574,13 +574,14 @@ pub(crate) fn apply(env: &Env<'_>, p: &mut Pages, i: usize, next: PageState, a: 
 /// 4. one copy per (direction, source, destination), split over the device's copy
 ///    channels when it has them, all started before any is waited for (`copy_batch`); if
 ///    any fails, every step is undone once all have completed (each page keeps its old
-///    state, its mappings revoked);
+///    state, its mappings revoked), except in a batch run in parts (below);
 /// 5. per page: release the old placement and commit the new state;
 /// 6. per device: one `map` with every new entry.
 ///
 /// A batch whose copies are all one driver call and make several channel shares runs
-/// steps 2 to 6 part by part instead ([`pipelined`], [`share_plan`]): each part is
-/// committed and mapped as its copy completes, while the later parts are on the link.
+/// steps 5 and 6 part by part instead ([`pipelined`], [`share_plan`]): each part is
+/// committed and mapped as its copy completes, while the later parts are on the link; a
+/// failed part leaves the parts before it committed (`Outcome::done`).
 pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outcome {
     let devs = Devs::new();
     // What step 1 allocated, per step: on the stack for small batches (a single CPU fault
@@ -662,11 +663,9 @@ pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outco
     }
 
     let mut kicked = 0u16;
-    // Mappings go in with each part, unless the batch is a whole aligned block, which may
-    // take one 2 MiB entry at the end instead (`map_batch`).
-    let r = p.range();
-    let whole =
-        steps.len() == BATCH_PAGES && r.len() == BATCH_PAGES && env.region.va(r.start) % BLOCK_BYTES as u64 == 0;
+    // Mappings go in with each part, unless the batch is a whole block (blocks are 2 MiB
+    // aligned), which may take one 2 MiB entry at the end instead (`map_batch`).
+    let whole = steps.len() == BATCH_PAGES;
     let mut mapped = Ok(());
     let mut map_at_end = true;
     let (committed, res) = match share_plan(steps, &devs) {
@@ -704,7 +703,7 @@ pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outco
     // 6. Device mappings, unless each part's went in with it (a failure leaves consistent,
     // merely unmapped pages).
     if map_at_end {
-        mapped = map_steps(env, p, steps, &devs);
+        mapped = map_steps(env, p, steps, &devs, true);
     }
     // A failed copy stopped the rest; otherwise what stopped the allocation, if anything;
     // otherwise a failure to map.
@@ -838,10 +837,10 @@ fn share_plan(steps: &[Step], devs: &Devs) -> Option<SharePlan> {
 /// after its copy completed, as for a whole batch; the block lock is held throughout, so
 /// nobody sees a part committed while a later one is on the link. If a part fails to start,
 /// no later part is started; if a part's copy completes with an error, no later part is
-/// committed. Once every started copy completed, the parts before the failed one stay
-/// committed and the steps from it on are undone (their mappings were revoked: they come
-/// back on the next fault). Returns how many steps were committed and the error that
-/// stopped the rest.
+/// committed (all were started by then). Once every started copy completed, the parts
+/// before the failed one stay committed and the steps from it on are undone (their
+/// mappings were revoked: they come back on the next fault). Returns how many steps were
+/// committed and the error that stopped the rest.
 #[allow(clippy::too_many_arguments)]
 fn pipelined(
     env: &Env<'_>,
@@ -924,19 +923,20 @@ fn pipelined(
         }
         begin = end;
     }
-    // Commit part by part as its copy completes; stop at the first failure.
+    // Commit every started part, in order, as its copy completes; stop at the first that
+    // failed. A part that failed to start (`res`) ends the started ones.
     let mut committed = 0;
+    let mut waited = Ok(());
     for (k, &end) in ends.iter().enumerate().take(flight.0.len()) {
-        if res.is_err() {
-            break;
-        }
         if let Err(e) = flight.0.get(k).map_or(Err(EINVAL), |f| f.wait()) {
-            res = Err(e);
+            waited = Err(e);
             break;
         }
         commit_steps(env, p, &steps[committed..end], &fresh[committed..end], devs, ops, kicked);
         if let Some(mapped) = map_each.as_deref_mut() {
-            let m = map_steps(env, p, &steps[committed..end], devs);
+            // A 2 MiB entry only once every part is committed: before that the block holds
+            // frames that copies still in flight name.
+            let m = map_steps(env, p, &steps[committed..end], devs, end == steps.len());
             if mapped.is_ok() {
                 *mapped = m;
             }
@@ -947,7 +947,9 @@ fn pipelined(
     let _ = flight.wait_all();
     drop(flight);
     undo_all(p, committed);
-    (committed, res)
+    // The earliest failure: a copy that completed with an error comes before a part that
+    // failed to start (every started part came before it).
+    (committed, waited.and(res))
 }
 
 /// Frame updates one step's commit makes: the old owner frame, its duplicates, and the
@@ -1064,12 +1066,13 @@ fn huge_entry(env: &Env<'_>, p: &Pages) -> Option<(u8, GmemPte)> {
     same.then_some((d, GmemPte { va, frame: u64::from(base), host: core::ptr::null_mut(), prot, flags: GMEM_PTE_2M }))
 }
 
-/// Step 6 for `steps`: one `map_batch` per device that maps any of them; the first error.
-fn map_steps(env: &Env<'_>, p: &Pages, steps: &[Step], devs: &Devs) -> Result {
+/// Step 6 for `steps`: one `map_batch` per device that maps any of them (a 2 MiB entry
+/// only if `huge`); the first error.
+fn map_steps(env: &Env<'_>, p: &Pages, steps: &[Step], devs: &Devs, huge: bool) -> Result {
     let map_mask = steps.iter().fold(0u16, |m, st| m | st.a.map_dev.map_or(0, |m| 1 << m.dev));
     let mut res = Ok(());
     for d in devices_in(map_mask) {
-        if let Err(e) = map_batch(env, p, steps, d, devs) {
+        if let Err(e) = map_batch(env, p, steps, d, devs, huge) {
             res = res.and(Err(e));
         }
     }
@@ -1077,16 +1080,16 @@ fn map_steps(env: &Env<'_>, p: &Pages, steps: &[Step], devs: &Devs) -> Result {
 }
 
 /// Step 6 for device `d`: one `map` call with the entries of every step that maps on it,
-/// or with one 2 MiB entry for the whole block when the device takes those and the block
-/// qualifies (`huge_entry`); the driver replaces the block's 4 KiB entries with it.
-fn map_batch(env: &Env<'_>, p: &Pages, steps: &[Step], d: u8, devs: &Devs) -> Result {
+/// or, if `huge`, with one 2 MiB entry for the whole block when the device takes those and
+/// the block qualifies (`huge_entry`); the driver replaces the block's 4 KiB entries with it.
+fn map_batch(env: &Env<'_>, p: &Pages, steps: &[Step], d: u8, devs: &Devs, huge: bool) -> Result {
     let dev = devs.get(d)?.clone();
     if !dev.alive() {
         return Err(ENODEV);
     }
     let ops = dev.ops().ok_or(ENODEV)?;
     let ctx = env.region.space.ctx(&dev)?;
-    if dev.maps_2m() {
+    if huge && dev.maps_2m() {
         if let Some((_, pte)) = huge_entry(env, p).filter(|(o, _)| *o == d) {
             DevStats::add(&dev.stats.map_calls, 1);
             DevStats::add(&dev.stats.map_2m, 1);

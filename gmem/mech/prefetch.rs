@@ -4,8 +4,9 @@
 //! subregion more than `prefetch_pct`% resident-or-faulted is fetched whole) says so.
 //! Switch off with `prefetch=0` in `/sys/kernel/debug/gmem/control` (for measuring).
 //!
-//! Prefetched frames carry `F_PREFETCHED` until the page is touched or leaves; the device's
-//! accessed bit then tells whether the prefetch was used or wasted (debugfs counters).
+//! Prefetched frames carry `F_PREFETCHED` until the page is touched or a move away from the
+//! device settles it (by the device's accessed bit: used or wasted, debugfs counters; once,
+//! even if the move then fails).
 //! Prefetch is speculative: it never evicts, it stops when the device is full (read-ahead
 //! lanes may make room before they fetch: `readahead.rs`).
 

@@ -1042,6 +1042,11 @@ impl Device {
         Accuracy(self.prefetch_accuracy.load(Ordering::Relaxed)).pays()
     }
 
+    /// The running prefetch accuracy estimate, in percent (debugfs).
+    pub(crate) fn prefetch_accuracy_pct(&self) -> u32 {
+        Accuracy(self.prefetch_accuracy.load(Ordering::Relaxed)).percent()
+    }
+
     pub(crate) fn set_flags(&self, frame: u32, set: u8) {
         self.set_flags_of(&[frame], set);
     }

@@ -66,6 +66,12 @@ impl Accuracy {
     pub fn pays(self) -> bool {
         self.0 >= Self::PAYS
     }
+
+    /// The estimate in percent, rounded down (0 to 100).
+    pub fn percent(self) -> u32 {
+        // At most ONE * 100 = 2^16 * 100: no overflow.
+        self.0.min(Self::ONE) * 100 / Self::ONE
+    }
 }
 /// Words of a block bitmap.
 const WORDS: usize = BLOCK_PAGES / 64;
@@ -254,6 +260,15 @@ mod tests {
         assert!(a.0 <= super::Accuracy::ONE);
         assert_eq!(super::Accuracy(u32::MAX).settle(u64::MAX, 0).0, super::Accuracy::ONE);
         assert_eq!(super::Accuracy(0).settle(0, u64::MAX).0, 0);
+    }
+
+    #[test]
+    fn accuracy_in_percent() {
+        assert_eq!(super::Accuracy(super::Accuracy::ONE).percent(), 100);
+        assert_eq!(super::Accuracy(super::Accuracy::PAYS).percent(), 50);
+        assert_eq!(super::Accuracy(super::Accuracy::PAYS - 1).percent(), 49);
+        assert_eq!(super::Accuracy(0).percent(), 0);
+        assert_eq!(super::Accuracy(u32::MAX).percent(), 100);
     }
 
     proptest::proptest! {

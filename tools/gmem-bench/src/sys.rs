@@ -149,14 +149,15 @@ pub fn counters() -> Counters {
     libgmem::debugfs::counters().unwrap_or_default()
 }
 
-/// `after - before` per device and counter (gauges such as `used` are left out).
+/// `after - before` per device and counter (gauges such as `used` and
+/// `prefetch.accuracy_pct` are left out).
 pub fn delta(before: &Counters, after: &Counters) -> Counters {
     let mut out = Counters::new();
     for (d, a) in after {
         let b = before.get(d);
         let m = out.entry(*d).or_default();
         for (k, v) in a {
-            if !k.contains('.') {
+            if !k.contains('.') || k.ends_with("_pct") {
                 continue;
             }
             let old = b.and_then(|b| b.get(k)).copied().unwrap_or(0);
@@ -382,7 +383,7 @@ mod tests {
 
     #[test]
     fn parses_the_devices_file() {
-        let text = "dev0 frames=4096 used=10 pinned=0 lent=0 low=64 high=128 alive=1\n  faults: batches=2 pages=512 allocs=500 waits_for_eviction=3\n  prefetch: pages=7 used=5 wasted=1 thrash_events=0\ndev1 frames=4096 used=0\n  faults: batches=0 pages=0 allocs=0 waits_for_eviction=0\n";
+        let text = "dev0 frames=4096 used=10 pinned=0 lent=0 low=64 high=128 alive=1\n  faults: batches=2 pages=512 allocs=500 waits_for_eviction=3\n  prefetch: pages=7 used=5 wasted=1 thrash_events=0 accuracy_pct=80\ndev1 frames=4096 used=0\n  faults: batches=0 pages=0 allocs=0 waits_for_eviction=0\n";
         let c = libgmem::debugfs::parse(text);
         assert_eq!(get(&c, 0, "faults.pages"), 512);
         assert_eq!(get(&c, 0, "prefetch.pages"), 7);
@@ -392,6 +393,8 @@ mod tests {
         c2.get_mut(&0).unwrap().insert("faults.pages".into(), 600);
         assert_eq!(get(&delta(&c, &c2), 0, "faults.pages"), 88);
         assert_eq!(get(&delta(&c, &c2), 0, "used"), 0);
+        assert_eq!(get(&c, 0, "prefetch.accuracy_pct"), 80);
+        assert!(!delta(&c, &c2)[&0].contains_key("prefetch.accuracy_pct"), "a gauge, not a counter");
     }
 
     #[test]

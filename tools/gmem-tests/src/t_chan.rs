@@ -2,7 +2,8 @@
 //! Asynchronous copies (driver API `copy_async`, the sim's copy channels): gmem starts a
 //! migration batch's copies on the device's channels, all before it waits for any, the
 //! channels' workers run them, and the data arrive intact; a copy that fails on a channel
-//! fails the migration with its errno and leaves every page as it was.
+//! fails the migration with its errno and leaves every page of its part, and of the parts
+//! after it, as it was (the parts before it stay committed).
 
 use crate::harness::{all_at, open, words, TestResult};
 use crate::{ensure, expect_errno, ok};
@@ -109,6 +110,8 @@ fn later_part_failure_keeps_earlier_parts() -> TestResult {
     let first = ((a - r.addr) / 4) as usize;
     let want: Vec<u32> = (first..first + LEN / 4).map(pattern).collect();
     let i0 = ok!(s.info());
+    // Two parts of 256 pages, one per channel.
+    ensure!(i0.channels == CHANNELS, "the sim has {} copy channels, expected {CHANNELS}", i0.channels);
     ok!(s.fail_copy_skipping(1, 100, libc::EIO as u32));
     expect_errno!(g.advise(a, LEN as u64, GMEM_ADV_PREFETCH, 0, 0), libc::EIO);
     let i1 = ok!(s.info());
