@@ -220,6 +220,13 @@ impl FrameSupply {
     }
 }
 
+/// [`undo`] for every step of `steps` (`fresh` their allocations, in the same order).
+fn undo_steps(p: &mut Pages, steps: &[Step], fresh: &[Fresh], devs: &Devs) {
+    for (st, f) in steps.iter().zip(fresh.iter()) {
+        undo(p, st.i, f, devs);
+    }
+}
+
 /// Frees what step 1 allocated for one page when a later step fails.
 fn undo(p: &mut Pages, i: usize, fresh: &Fresh, devs: &Devs) {
     if fresh.host {
@@ -656,9 +663,7 @@ pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outco
     // the other allocations, so that failing here still changes nothing.
     let mut ops: KVec<(u8, FrameOp)> = KVec::new();
     if let Err(e) = ops.reserve(steps.iter().zip(fresh.iter()).map(|(st, f)| frame_ops(st, f)).sum(), GFP_KERNEL) {
-        for (st, f) in steps.iter().zip(fresh.iter()) {
-            undo(p, st.i, f, &devs);
-        }
+        undo_steps(p, steps, fresh, &devs);
         return Outcome::failed(e.into());
     }
 
@@ -666,26 +671,19 @@ pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outco
     // Mappings go in with each part, unless the batch is a whole block (blocks are 2 MiB
     // aligned), which may take one 2 MiB entry at the end instead (`map_batch`).
     let whole = steps.len() == BATCH_PAGES;
-    let mut mapped = Ok(());
-    let mut map_at_end = true;
-    let (committed, res) = match share_plan(steps, &devs) {
-        Some(plan) => {
-            map_at_end = whole;
-            let map_each = (!whole).then_some(&mut mapped);
-            pipelined(env, p, steps, fresh, &devs, plan, (&mut ops, &mut kicked), map_each)
-        }
+    // `mapped`: the parts' map result, if each part was mapped with it.
+    let (committed, res, mapped) = match share_plan(steps, &devs) {
+        Some(plan) => pipelined(env, p, steps, fresh, &devs, plan, (&mut ops, &mut kicked), !whole),
         None => {
             // 2.-3. Revoke every mapping, 4. copy everything, 5. commit everything.
             revoke(env, p, steps, &devs);
             let copied = copy_lists(p, steps, fresh).and_then(|lists| copy_batch(&lists, &devs, space));
             if let Err(e) = copied {
-                for (st, f) in steps.iter().zip(fresh.iter()) {
-                    undo(p, st.i, f, &devs);
-                }
+                undo_steps(p, steps, fresh, &devs);
                 return Outcome::failed(e);
             }
             commit_steps(env, p, steps, fresh, &devs, &mut ops, &mut kicked);
-            (steps.len(), Ok(()))
+            (steps.len(), Ok(()), None)
         }
     };
     let steps = &steps[..committed];
@@ -702,9 +700,7 @@ pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outco
 
     // 6. Device mappings, unless each part's went in with it (a failure leaves consistent,
     // merely unmapped pages).
-    if map_at_end {
-        mapped = map_steps(env, p, steps, &devs, true);
-    }
+    let mapped = mapped.unwrap_or_else(|| map_steps(env, p, steps, &devs, true));
     // A failed copy stopped the rest; otherwise what stopped the allocation, if anything;
     // otherwise a failure to map.
     let (res, limit) = match res {
@@ -829,9 +825,9 @@ fn share_plan(steps: &[Step], devs: &Devs) -> Option<SharePlan> {
 /// Steps 2 to 6 of a batch in parts, so that the work after each copy overlaps the other
 /// parts' copies instead of waiting for all of them: every page's mappings are revoked,
 /// then every part's copy is started, each on the next channel; then part by part, in
-/// order, its copy is waited for and its pages committed, and mapped unless `map_each` is
-/// `None` (while the parts after it are still on the link). A part is the steps up to its last
-/// copy entry (`plan.per` of them; the last part also takes the steps after it).
+/// order, its copy is waited for and its pages committed, and mapped if `map_each` (while
+/// the parts after it are still on the link). A part is the steps up to its last copy
+/// entry (`plan.per` of them; the last part also takes the steps after it).
 ///
 /// Ordering: a page's mappings are revoked before its copy starts and its state commits
 /// after its copy completed, as for a whole batch; the block lock is held throughout, so
@@ -840,7 +836,8 @@ fn share_plan(steps: &[Step], devs: &Devs) -> Option<SharePlan> {
 /// committed (all were started by then). Once every started copy completed, the parts
 /// before the failed one stay committed and the steps from it on are undone (their
 /// mappings were revoked: they come back on the next fault). Returns how many steps were
-/// committed and the error that stopped the rest.
+/// committed, the error that stopped the rest, and, if `map_each`, the parts' first map
+/// error or `Ok` (`None` otherwise: the caller maps).
 #[allow(clippy::too_many_arguments)]
 fn pipelined(
     env: &Env<'_>,
@@ -850,14 +847,9 @@ fn pipelined(
     devs: &Devs,
     plan: SharePlan,
     (ops, kicked): (&mut KVec<(u8, FrameOp)>, &mut u16),
-    mut map_each: Option<&mut Result>,
-) -> (usize, Result) {
+    map_each: bool,
+) -> (usize, Result, Option<Result>) {
     let (dir, from, to) = plan.key;
-    let undo_all = |p: &mut Pages, from_step: usize| {
-        for (st, f) in steps[from_step..].iter().zip(fresh[from_step..].iter()) {
-            undo(p, st.i, f, devs);
-        }
-    };
     // Part boundaries (one past each part's last step), and the copy entries of every part,
     // kept until every copy completed: declared before the sections and the fences, so
     // dropped after them.
@@ -865,8 +857,8 @@ fn pipelined(
     let mut ends: KVec<usize> = KVec::new();
     let mut lists: KVec<KVec<(CopyKey, KVec<GmemCopy>)>> = KVec::new();
     if ends.reserve(parts, GFP_KERNEL).is_err() || lists.reserve(parts, GFP_KERNEL).is_err() {
-        undo_all(p, 0);
-        return (0, Err(ENOMEM));
+        undo_steps(p, steps, fresh, devs);
+        return (0, Err(ENOMEM), None);
     }
     let mut copies = 0usize;
     for (k, st) in steps.iter().enumerate() {
@@ -889,8 +881,8 @@ fn pipelined(
     let (src, sops, dops) = match sections {
         Ok(s) => s,
         Err(e) => {
-            undo_all(p, 0);
-            return (0, Err(e));
+            undo_steps(p, steps, fresh, devs);
+            return (0, Err(e), None);
         }
     };
     let peer = dops.as_deref();
@@ -900,13 +892,11 @@ fn pipelined(
     let mut flight = InFlight(KVec::new());
     let mut res = Ok(());
     let mut begin = 0;
-    for (k, &end) in ends.iter().enumerate() {
+    // Every part's mappings at once, as for a whole batch: one CPU zap and one device TLB
+    // flush per run, not per part.
+    revoke(env, p, steps, devs);
+    for &end in ends.iter() {
         let (part, made) = (&steps[begin..end], &fresh[begin..end]);
-        if k == 0 {
-            // Every part's mappings at once, as for a whole batch: one CPU zap and one
-            // device TLB flush per run, not per part.
-            revoke(env, p, steps, devs);
-        }
         let started = copy_lists(p, part, made).and_then(|l| {
             // Kept in `lists` before the copy starts (capacity reserved above; the entries'
             // buffer does not move when later parts are pushed).
@@ -927,29 +917,28 @@ fn pipelined(
     // failed. A part that failed to start (`res`) ends the started ones.
     let mut committed = 0;
     let mut waited = Ok(());
+    let mut mapped = Ok(());
     for (k, &end) in ends.iter().enumerate().take(flight.0.len()) {
         if let Err(e) = flight.0.get(k).map_or(Err(EINVAL), |f| f.wait()) {
             waited = Err(e);
             break;
         }
         commit_steps(env, p, &steps[committed..end], &fresh[committed..end], devs, ops, kicked);
-        if let Some(mapped) = map_each.as_deref_mut() {
+        if map_each {
             // A 2 MiB entry only once every part is committed: before that the block holds
             // frames that copies still in flight name.
             let m = map_steps(env, p, &steps[committed..end], devs, end == steps.len());
-            if mapped.is_ok() {
-                *mapped = m;
-            }
+            mapped = mapped.and(m);
         }
         committed = end;
     }
     // Every started copy completes before its frames, pages or entries can go.
     let _ = flight.wait_all();
     drop(flight);
-    undo_all(p, committed);
+    undo_steps(p, &steps[committed..], &fresh[committed..], devs);
     // The earliest failure: a copy that completed with an error comes before a part that
     // failed to start (every started part came before it).
-    (committed, waited.and(res))
+    (committed, waited.and(res), map_each.then_some(mapped))
 }
 
 /// Frame updates one step's commit makes: the old owner frame, its duplicates, and the
