@@ -20,6 +20,8 @@ GMEM_TRACE_FN(dev_fault, P(int dev, u64 space, u32 pages, u64 ns, int err), P(de
 GMEM_TRACE_FN(cpu_fault, P(u64 space, u64 addr, bool write, int from, u32 pages, int err),
 	      P(space, addr, write, from, pages, err))
 GMEM_TRACE_FN(migrate, P(u32 dir, int dev, int peer, u32 pages), P(dir, dev, peer, pages))
+GMEM_TRACE_FN(batch, P(u32 pages, u64 alloc, u64 revoke, u64 copy, u64 commit, u64 map),
+	      P(pages, alloc, revoke, copy, commit, map))
 GMEM_TRACE_FN(prefetch, P(int dev, u32 pages), P(dev, pages))
 GMEM_TRACE_FN(evict, P(int dev, u32 to_host, u32 to_peer, u32 clean), P(dev, to_host, to_peer, clean))
 GMEM_TRACE_FN(thrash, P(int dev, u32 held, bool throttle), P(dev, held, throttle))

@@ -83,6 +83,34 @@ TRACE_EVENT(gmem_migrate,
 		  __entry->dev, __entry->peer, __entry->pages, (u64)__entry->pages * 4096)
 );
 
+/*
+ * One executor batch (a block's steps): pages committed, and where its time went, ns:
+ * allocation, revoking mappings, starting and waiting for copies, committing, mapping.
+ */
+TRACE_EVENT(gmem_batch,
+	TP_PROTO(u32 pages, u64 alloc, u64 revoke, u64 copy, u64 commit, u64 map),
+	TP_ARGS(pages, alloc, revoke, copy, commit, map),
+	TP_STRUCT__entry(
+		__field(u32, pages)
+		__field(u64, alloc)
+		__field(u64, revoke)
+		__field(u64, copy)
+		__field(u64, commit)
+		__field(u64, map)
+	),
+	TP_fast_assign(
+		__entry->pages = pages;
+		__entry->alloc = alloc;
+		__entry->revoke = revoke;
+		__entry->copy = copy;
+		__entry->commit = commit;
+		__entry->map = map;
+	),
+	TP_printk("pages=%u alloc_ns=%llu revoke_ns=%llu copy_ns=%llu commit_ns=%llu map_ns=%llu",
+		  __entry->pages, __entry->alloc, __entry->revoke, __entry->copy, __entry->commit,
+		  __entry->map)
+);
+
 /* Pages density prefetch moved to a device after a fault batch. */
 TRACE_EVENT(gmem_prefetch,
 	TP_PROTO(int dev, u32 pages),

@@ -18,7 +18,7 @@ use crate::obj::fence::Fence;
 use crate::obj::host_page::HostPage;
 use crate::obj::region::{devices_in, Pages, Region, PAGE_SIZE};
 use crate::obj::space::Space;
-use crate::obj::trace;
+use crate::obj::trace::{self, Laps, Phase};
 use crate::policy::evict::{F_CLEAN, F_LENT, F_PINNED, F_REF};
 use crate::policy::frames::CHUNK_FRAMES;
 use crate::policy::page_state::{Actions, Copy, Loc, PageState, Refused, MAX_DEVICES};
@@ -590,6 +590,7 @@ pub(crate) fn apply(env: &Env<'_>, p: &mut Pages, i: usize, next: PageState, a: 
 /// committed and mapped as its copy completes, while the later parts are on the link; a
 /// failed part leaves the parts before it committed (`Outcome::done`).
 pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outcome {
+    let mut laps = Laps::start();
     let devs = Devs::new();
     // What step 1 allocated, per step: on the stack for small batches (a single CPU fault
     // allocates nothing here).
@@ -667,22 +668,26 @@ pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outco
         return Outcome::failed(e.into());
     }
 
+    laps.lap(Phase::Alloc);
     let mut kicked = 0u16;
     // Mappings go in with each part, unless the batch is a whole block (blocks are 2 MiB
     // aligned), which may take one 2 MiB entry at the end instead (`map_batch`).
     let whole = steps.len() == BATCH_PAGES;
     // `mapped`: the parts' map result, if each part was mapped with it.
     let (committed, res, mapped) = match share_plan(steps, &devs) {
-        Some(plan) => pipelined(env, p, steps, fresh, &devs, plan, (&mut ops, &mut kicked), !whole),
+        Some(plan) => pipelined(env, p, steps, fresh, &devs, plan, (&mut ops, &mut kicked, &mut laps), !whole),
         None => {
             // 2.-3. Revoke every mapping, 4. copy everything, 5. commit everything.
             revoke(env, p, steps, &devs);
+            laps.lap(Phase::Revoke);
             let copied = copy_lists(p, steps, fresh).and_then(|lists| copy_batch(&lists, &devs, space));
             if let Err(e) = copied {
                 undo_steps(p, steps, fresh, &devs);
                 return Outcome::failed(e);
             }
+            laps.lap(Phase::Copy);
             commit_steps(env, p, steps, fresh, &devs, &mut ops, &mut kicked);
+            laps.lap(Phase::Commit);
             (steps.len(), Ok(()), None)
         }
     };
@@ -701,6 +706,8 @@ pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outco
     // 6. Device mappings, unless each part's went in with it (a failure leaves consistent,
     // merely unmapped pages).
     let mapped = mapped.unwrap_or_else(|| map_steps(env, p, steps, &devs, true));
+    laps.lap(Phase::Map);
+    trace::batch(committed, &laps);
     // A failed copy stopped the rest; otherwise what stopped the allocation, if anything;
     // otherwise a failure to map.
     let (res, limit) = match res {
@@ -846,7 +853,7 @@ fn pipelined(
     fresh: &[Fresh],
     devs: &Devs,
     plan: SharePlan,
-    (ops, kicked): (&mut KVec<(u8, FrameOp)>, &mut u16),
+    (ops, kicked, laps): (&mut KVec<(u8, FrameOp)>, &mut u16, &mut Laps),
     map_each: bool,
 ) -> (usize, Result, Option<Result>) {
     let (dir, from, to) = plan.key;
@@ -895,6 +902,7 @@ fn pipelined(
     // Every part's mappings at once, as for a whole batch: one CPU zap and one device TLB
     // flush per run, not per part.
     revoke(env, p, steps, devs);
+    laps.lap(Phase::Revoke);
     for &end in ends.iter() {
         let (part, made) = (&steps[begin..end], &fresh[begin..end]);
         let started = copy_lists(p, part, made).and_then(|l| {
@@ -923,12 +931,15 @@ fn pipelined(
             waited = Err(e);
             break;
         }
+        laps.lap(Phase::Copy);
         commit_steps(env, p, &steps[committed..end], &fresh[committed..end], devs, ops, kicked);
+        laps.lap(Phase::Commit);
         if map_each {
             // A 2 MiB entry only once every part is committed: before that the block holds
             // frames that copies still in flight name.
             let m = map_steps(env, p, &steps[committed..end], devs, end == steps.len());
             mapped = mapped.and(m);
+            laps.lap(Phase::Map);
         }
         committed = end;
     }

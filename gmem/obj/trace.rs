@@ -9,6 +9,7 @@ extern "C" {
     fn gmem_trace_dev_fault(dev: c_int, space: u64, pages: u32, ns: u64, err: c_int);
     fn gmem_trace_cpu_fault(space: u64, addr: u64, write: bool, from: c_int, pages: u32, err: c_int);
     fn gmem_trace_migrate(dir: u32, dev: c_int, peer: c_int, pages: u32);
+    fn gmem_trace_batch(pages: u32, alloc: u64, revoke: u64, copy: u64, commit: u64, map: u64);
     fn gmem_trace_prefetch(dev: c_int, pages: u32);
     fn gmem_trace_evict(dev: c_int, to_host: u32, to_peer: u32, clean: u32);
     fn gmem_trace_thrash(dev: c_int, held: u32, throttle: bool);
@@ -44,6 +45,44 @@ pub(crate) fn cpu_fault(space: u64, addr: usize, write: bool, from: Option<u8>, 
 pub(crate) fn migrate(dir: u32, dev: usize, peer: Option<usize>, pages: usize) {
     // SAFETY: see `dev_fault`.
     unsafe { gmem_trace_migrate(dir, id(dev), peer.map_or(-1, id), n32(pages)) }
+}
+
+/// The phases of an executor batch, in the order [`batch`] reports them.
+#[derive(Clone, Copy)]
+pub(crate) enum Phase {
+    Alloc = 0,
+    Revoke = 1,
+    Copy = 2,
+    Commit = 3,
+    Map = 4,
+}
+
+/// Where an executor batch's time goes: each [`Laps::lap`] adds the time since the last
+/// one to a phase.
+pub(crate) struct Laps {
+    last: u64,
+    ns: [u64; 5],
+}
+
+impl Laps {
+    pub(crate) fn start() -> Laps {
+        Laps { last: crate::obj::sched::now_ns(), ns: [0; 5] }
+    }
+
+    /// The time since the last lap (or the start) was spent in `phase`.
+    pub(crate) fn lap(&mut self, phase: Phase) {
+        let now = crate::obj::sched::now_ns();
+        let slot = &mut self.ns[phase as usize];
+        *slot = slot.saturating_add(now.saturating_sub(self.last));
+        self.last = now;
+    }
+}
+
+/// An executor batch that committed `pages` pages, with its phases' times.
+pub(crate) fn batch(pages: usize, laps: &Laps) {
+    let t = &laps.ns;
+    // SAFETY: see `dev_fault`.
+    unsafe { gmem_trace_batch(n32(pages), t[0], t[1], t[2], t[3], t[4]) }
 }
 
 /// Pages density prefetch moved to `dev`.
