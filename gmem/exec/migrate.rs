@@ -34,15 +34,24 @@ pub(crate) struct Env<'a> {
     /// The transition is an access (fault, prefetch, pin): the page becomes hot and stops
     /// being a parked victim. Eviction and write-back are not accesses.
     pub(crate) access: bool,
+    /// Called once a batch's copies have all been started (before they are waited for),
+    /// under the block lock: read-ahead hands on to its next block there, so that blocks
+    /// reach the link in order while this one's commit overlaps the next one's copies.
+    pub(crate) started: Option<&'a dyn Fn()>,
 }
 
 impl<'a> Env<'a> {
     pub(crate) fn access(region: &'a Arc<Region>, vma: Option<&'a VmaRef>) -> Self {
-        Env { region, vma, access: true }
+        Env { region, vma, access: true, started: None }
+    }
+
+    /// As [`Env::access`], calling `started` once the copies are started.
+    pub(crate) fn access_then(region: &'a Arc<Region>, vma: Option<&'a VmaRef>, started: &'a dyn Fn()) -> Self {
+        Env { region, vma, access: true, started: Some(started) }
     }
 
     pub(crate) fn background(region: &'a Arc<Region>) -> Self {
-        Env { region, vma: None, access: false }
+        Env { region, vma: None, access: false, started: None }
     }
 }
 
@@ -680,6 +689,10 @@ pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outco
             // 2.-3. Revoke every mapping, 4. copy everything, 5. commit everything.
             revoke(env, p, steps, &devs);
             laps.lap(Phase::Revoke);
+            // Started within `copy_batch`, which waits for them too: told just before.
+            if let Some(f) = env.started {
+                f();
+            }
             let copied = copy_lists(p, steps, fresh).and_then(|lists| copy_batch(&lists, &devs, space));
             if let Err(e) = copied {
                 undo_steps(p, steps, fresh, &devs);
@@ -921,6 +934,9 @@ fn pipelined(
         }
         begin = end;
     }
+    if let Some(f) = env.started {
+        f();
+    }
     // Commit every started part, in order, as its copy completes; stop at the first that
     // failed. A part that failed to start (`res`) ends the started ones.
     let mut committed = 0;
@@ -1067,8 +1083,10 @@ fn huge_entry(env: &Env<'_>, p: &Pages) -> Option<(u8, GmemPte)> {
 }
 
 /// Step 6 for `steps`: one `map_batch` per device that maps any of them (a 2 MiB entry
-/// only if `huge`); the first error.
+/// only if `huge` and every step maps); the first error.
 fn map_steps(env: &Env<'_>, p: &Pages, steps: &[Step], devs: &Devs, huge: bool) -> Result {
+    // Not over a page its step leaves unmapped (read-ahead's marker).
+    let huge = huge && steps.iter().all(|st| st.a.map_dev.is_some());
     let map_mask = steps.iter().fold(0u16, |m, st| m | st.a.map_dev.map_or(0, |m| 1 << m.dev));
     let mut res = Ok(());
     for d in devices_in(map_mask) {

@@ -12,7 +12,7 @@
 //!   pages (valid host copy) are dropped without a copy.
 //! - When: on demand from the fault path (counted as a *fault wait*), and ahead of need
 //!   (*pre-eviction*): in the background between the low and high watermarks, and by a
-//!   read-ahead lane for the block it is about to read (`Why::Ahead`, while prefetch pays
+//!   read-ahead worker for the block it is about to read (`Why::Ahead`, while prefetch pays
 //!   on the device). A lender whose own use has eaten into its reserve (fewer than `high`
 //!   frames free) also writes parked victims back to host in the background, so that it
 //!   can drop them instantly; not before (`policy::evict::write_back_lent`): a parked page
@@ -54,9 +54,9 @@ pub(crate) enum Why {
     Background,
     /// The dmem controller lowered a cgroup's limit below its use (reclaim callback).
     Reclaim,
-    /// A read-ahead lane makes room for the block it is about to read: `want` is how many
-    /// frames it wants free, rechecked under the evictor lock (another lane or the worker
-    /// may have freed them meanwhile). Counted as pre-eviction; never takes frames that
+    /// A read-ahead worker makes room for the block it is about to read: `want` is how many
+    /// frames it wants free, rechecked under the evictor lock (another read-ahead or the
+    /// background worker may have freed them meanwhile). Counted as pre-eviction; never takes frames that
     /// `dmem.low` protects, since this is a bet, not a need.
     Ahead,
 }
@@ -329,7 +329,7 @@ struct Pass {
     /// Frames freed (or `want`: someone else made the room meanwhile).
     freed: usize,
     /// Whether the hand met frames in transit: held, without an owner yet, by a batch in
-    /// flight (a read-ahead lane's, another fault's), which become evictable when it
+    /// flight (a read-ahead worker's, another fault's), which become evictable when it
     /// commits.
     in_transit: bool,
 }

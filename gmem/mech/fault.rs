@@ -9,7 +9,7 @@
 use crate::exec::migrate::{self, Env};
 use crate::mech::evict::{self, Why};
 use crate::mech::{prefetch, readahead, sysmem, thrash};
-use crate::obj::device::{DevStats, Device};
+use crate::obj::device::{DevStats, Device, F_PREFETCHED};
 use crate::obj::region::{adv, block_base, Pages, Region, ADVICE_RUNS, BLOCK_BYTES, BLOCK_PAGES};
 use crate::obj::space::{Space, Thrash};
 use crate::obj::{sched, trace, tune};
@@ -221,6 +221,9 @@ pub(crate) fn device_fault(dev: &Arc<Device>, space: &Space, addrs: &[u64], writ
     while let Some(block) = blocks.next() {
         let last = blocks.peek().is_none();
         let mut faulted = [0u64; 8];
+        // The fault's batch took the rest of this block (the stream rule below): no
+        // density rule.
+        let mut own_ahead = false;
         let mut rest = block;
         while let Some(&a0) = rest.first() {
             let a0 = usize::try_from(a0).map_err(|_| EFAULT)?;
@@ -246,18 +249,25 @@ pub(crate) fn device_fault(dev: &Arc<Device>, space: &Space, addrs: &[u64], writ
                 faulted[k / 64] |= 1 << (k % 64);
                 taken += 1;
             }
-            fault_pages(dev, space, (&r, vma), &idx, (write, d), &mut waits)?;
-            // A batch that covers a quarter of a block or more is a stream: its next
-            // blocks start coming in now (if this is the fault's last block: `pending`),
-            // while the density rule fetches the rest of this one (below), rather than
-            // once this one is wholly resident. Not before this
-            // batch: the link serves copies in the order they are started, and read-ahead
-            // of three blocks started first put three blocks' link time in front of the
-            // pages the device waits for (a trace of PL: the first fault of a stream took
-            // 12 ms, 8 of them behind read-ahead; about 5 ms after this change).
-            if taken >= BLOCK_PAGES / 4 && tune::PREFETCH.load(Relaxed) {
-                if last {
+            // A batch that covers a quarter of a block or more starts a stream: it fetches
+            // the rest of its block with its own pages (the device is about to touch it),
+            // and, if this is the fault's last block, read-ahead of the next blocks starts
+            // as soon as this batch's copies are on the link (its first block's copies
+            // then follow them), not once they are done (else: `pending`, below).
+            let stream = taken >= BLOCK_PAGES / 4 && tune::PREFETCH.load(Relaxed);
+            let asked = core::cell::Cell::new(false);
+            let ask = || {
+                if !asked.replace(true) {
                     readahead::after(dev, &r, block_base(a0));
+                }
+            };
+            let started: Option<&dyn Fn()> = (stream && last).then_some(&ask);
+            fault_pages(dev, space, (&r, vma), &idx, (write, d), (stream, started), &mut waits)?;
+            if stream {
+                // The batch took the rest of the block: nothing for the density rule.
+                own_ahead = true;
+                if last {
+                    ask();
                     pending = None;
                 } else {
                     pending = Some((r.clone(), block_base(a0)));
@@ -267,7 +277,7 @@ pub(crate) fn device_fault(dev: &Arc<Device>, space: &Space, addrs: &[u64], writ
             cur = Some((r, vma));
         }
         if let (Some((r, vma)), Some(&first)) = (&cur, block.first()) {
-            if tune::PREFETCH.load(Relaxed) {
+            if tune::PREFETCH.load(Relaxed) && !own_ahead {
                 let block_va = block_base(first as usize);
                 if prefetch::on_fault(dev, r, *vma, block_va, &faulted) {
                     // The device streams through the region: fetch its next block while
@@ -283,6 +293,18 @@ pub(crate) fn device_fault(dev: &Arc<Device>, space: &Space, addrs: &[u64], writ
     drop(mmap);
     drop(mm);
     sysmem::device_fault(dev, space, &others, write)
+}
+
+/// The step that fetches page `i` of the locked block `p` to device `d` ahead of a stream
+/// (`fault_pages`'s rest of a block), if it is not there yet and advice leaves it alone:
+/// the PREFETCH transition, mapped.
+fn stream_rest(p: &Pages, advice: &AdviceMap<ADVICE_RUNS>, i: usize, d: u8) -> Option<migrate::Step> {
+    if advice.get(i as u64) != 0 {
+        return None;
+    }
+    let s = p.state(i);
+    let (next, a) = transition(s, Event::Prefetch { to: Target::Device(d) }).ok()?;
+    (a != Actions::default()).then_some(migrate::Step { i, prev: s, next, a })
 }
 
 /// The transition of a device access by `d` to page `i` of `r`, with the advice in force
@@ -314,19 +336,28 @@ fn dev_fault_step(
 /// The pages `idx` (ascending, of one block of `r`, in `vma`) of a device fault (`write`,
 /// by device `d`), as executor batches; evicts and retries while the device is full,
 /// counting its waits for frames in transit in the fault's `waits`.
+///
+/// With `rest` (the batch starts a stream), the first batch also fetches the rest of the
+/// block (`stream_rest`), mapped, marked prefetched; `started` is called once its copies
+/// are on the link. What stops a fetched-ahead page (the device full, a failed copy) only
+/// ends the speculation: the faulted pages after it are fetched without it.
+#[allow(clippy::too_many_arguments)]
 fn fault_pages(
     dev: &Arc<Device>,
     space: &Space,
     (r, vma): (&Arc<Region>, Option<&kernel::mm::virt::VmaRef>),
     idx: &[usize],
     (write, d): (bool, u8),
+    (rest, started): (bool, Option<&dyn Fn()>),
     waits: &mut u32,
 ) -> Result {
-    let mut steps: KVec<migrate::Step> = KVec::with_capacity(idx.len(), GFP_KERNEL)?;
+    let mut steps: KVec<migrate::Step> =
+        KVec::with_capacity(if rest { BLOCK_PAGES.max(idx.len()) } else { idx.len() }, GFP_KERNEL)?;
     let Some(&i0) = idx.first() else { return Ok(()) };
     let block = r.block(i0)?;
     let mut next_page = 0;
     let mut attempts = 0;
+    let mut rest = rest;
     while next_page < idx.len() {
         let mut p = r.lock(&block);
         if r.is_dead() {
@@ -337,11 +368,25 @@ fn fault_pages(
             return Err(ENODEV);
         }
         steps.clear();
+        // Which steps of the batch are fetched ahead (bit `i - block start`).
+        let mut ahead = [0u64; 8];
         let mut refusal = None;
+        let b0 = p.range().start;
         // The thrash table is consulted for the whole batch under one acquisition of its
         // lock (a leaf), dropped before the executor runs.
         let thrash = if tune::THRASH.load(Relaxed) { Some(space.thrash.lock()) } else { None };
-        for &i in &idx[next_page..] {
+        let mut faulted = idx[next_page..].iter().peekable();
+        let pages = if rest { p.range() } else { idx[next_page]..idx[idx.len() - 1] + 1 };
+        for i in pages {
+            if faulted.next_if_eq(&&i).is_none() {
+                if rest {
+                    if let Some(st) = stream_rest(&p, &advice, i, d) {
+                        ahead[(i - b0) / 64] |= 1 << ((i - b0) % 64);
+                        steps.push(st, GFP_KERNEL)?;
+                    }
+                }
+                continue;
+            }
             match dev_fault_step(r, &p, &advice, thrash.as_deref(), i, write, d) {
                 Ok(Some(st)) => steps.push(st, GFP_KERNEL)?,
                 Ok(None) => {}
@@ -352,14 +397,50 @@ fn fault_pages(
             }
         }
         drop(thrash);
-        let out = migrate::apply_batch(&Env::access(r, vma), &mut p, &steps);
+        let is_ahead = |st: &migrate::Step| ahead[(st.i - b0) / 64] & (1 << ((st.i - b0) % 64)) != 0;
+        let env = match started {
+            Some(f) if rest => Env::access_then(r, vma, f),
+            _ => Env::access(r, vma),
+        };
+        let out = migrate::apply_batch(&env, &mut p, &steps);
         let done = &steps[..out.done];
+        let mut own: KVec<migrate::Step> = KVec::new();
+        let done = if ahead.iter().any(|&w| w != 0) {
+            // The fetched-ahead pages are prefetches, not faults: marked and counted as
+            // such, and left out of the fault's own counts and thrash records.
+            let mut n = 0u64;
+            for st in done.iter().filter(|st| is_ahead(st)) {
+                if st.next.loc() == Loc::Device(d) {
+                    dev.set_flags(p.frame(st.i), F_PREFETCHED);
+                    n += 1;
+                }
+            }
+            DevStats::add(&dev.stats.prefetched, n);
+            if n != 0 {
+                trace::prefetch(dev.id, n);
+            }
+            own.reserve(done.len(), GFP_KERNEL)?;
+            for st in done.iter().filter(|st| !is_ahead(st)) {
+                // Capacity reserved above.
+                let _ = own.push_within_capacity(*st);
+            }
+            &own[..]
+        } else {
+            done
+        };
         Space::add(&space.stats.dev_faults, done.len() as u64);
         let allocs = done.iter().filter(|st| st.a.alloc_frame.is_some()).count();
         DevStats::add(&dev.stats.fault_allocs, allocs as u64);
         let throttle = thrash::record_moves(Some(dev), space, r, done);
         if out.done < steps.len() {
             let stuck = steps[out.done];
+            if is_ahead(&stuck) {
+                // Only the speculation stopped: the faulted pages after it go on without.
+                drop(p);
+                rest = false;
+                next_page = idx.iter().position(|&i| i > stuck.i).unwrap_or(idx.len());
+                continue;
+            }
             match out.res {
                 Err(e) if e == ENOSPC => {
                     // The device is full, or the owner's dmem cgroup at its limit there: evict
@@ -371,6 +452,7 @@ fn fault_pages(
                         return Err(ENOMEM);
                     }
                     next_page = idx.iter().position(|&i| i == stuck.i).unwrap_or(idx.len());
+                    rest = false;
                     let want = (steps.len() - out.done).clamp(32, migrate::BATCH_PAGES);
                     let within = out.limit.as_ref().map(|limit| evict::Within { limit, mm: Some(space.mm()) });
                     if evict::make_room_for(&stuck.a, want, Why::Fault, within, waits)? {

@@ -8,7 +8,7 @@
 //! device settles it (by the device's accessed bit: used or wasted, debugfs counters; once,
 //! even if the move then fails).
 //! Prefetch is speculative: it never evicts, it stops when the device is full (read-ahead
-//! lanes may make room before they fetch: `readahead.rs`).
+//! workers may make room before they fetch: `readahead.rs`).
 
 use crate::exec::migrate::{self, Env, Step};
 use crate::obj::device::{DevStats, Device, F_PREFETCHED};
@@ -67,7 +67,7 @@ pub(crate) fn on_fault(
         // Capacity reserved above.
         let _ = steps.push(Step { i: j, prev: s, next, a }, GFP_NOWAIT);
     }
-    speculate(dev, r, vma, &mut p, &steps);
+    speculate(&Env::access(r, vma), dev, &mut p, &steps);
     // Residency now: what was there, the fault batch's pages (unless they were mapped
     // remotely), what the batch above fetched.
     for k in 0..BLOCK_PAGES {
@@ -83,11 +83,11 @@ pub(crate) fn on_fault(
 /// Fetches `steps` (PREFETCH transitions of the locked block `p` to `dev`) as one executor
 /// batch; when the device (or host memory) runs out part way, the rest is simply not
 /// fetched: speculative fetches (density prefetch, read-ahead) are only a bet, and this
-/// never evicts (a read-ahead lane may make room before, with the block lock dropped:
+/// never evicts (a read-ahead worker may make room before, with the block lock dropped:
 /// `readahead::room_target`). Marks the frames `F_PREFETCHED` and counts them; returns
-/// how many there are.
-pub(crate) fn speculate(dev: &Device, r: &Arc<Region>, vma: Option<&VmaRef>, p: &mut Pages, steps: &[Step]) -> u64 {
-    let out = migrate::apply_batch(&Env::access(r, vma), p, steps);
+/// how many there are. `env` is an access to the block's region.
+pub(crate) fn speculate(env: &Env<'_>, dev: &Device, p: &mut Pages, steps: &[Step]) -> u64 {
+    let out = migrate::apply_batch(env, p, steps);
     let mut n = 0u64;
     for st in &steps[..out.done] {
         if st.next.loc() == Loc::Device(dev.id as u8) {

@@ -6,34 +6,39 @@
 //!
 //! - When: a device fault batch left its block wholly resident on the device
 //!   (`policy::prefetch::read_ahead`; the density rule, `prefetch.rs`, fetched the rest),
-//!   or covers a quarter of a block or more (`fault::device_fault`, once its own pages
-//!   are fetched and before the density rule fetches the rest of their block, so that
-//!   the link is busy from the start of a stream without putting read-ahead in front of
-//!   the pages the device waits for). A fault over several blocks asks for its last
-//!   block only (or, if only an earlier one qualified, once it has fetched them all).
-//!   The next blocks of the same region, up to [`DEPTH`] (three), are then queued on
-//!   gmem's workqueue, each on its lane (`Device::reading_ahead`: consecutive blocks on
-//!   different lanes, one block at a time per lane; a busy lane starts nothing). Up to
-//!   three blocks thus come in at once: while one lane allocates frames or commits, the
-//!   others' copies keep the link busy (one worker alone left the link idle about a
-//!   quarter of the time; with two lanes a timeline of PL showed both lanes' copies
-//!   queued back to back, then the link idle while both committed and allocated).
-//! - What: every page of the next block that advice leaves alone, by the PREFETCH
+//!   or starts a stream: it covers a quarter of a block or more, and then fetches the
+//!   rest of its block with its own pages (`fault::device_fault`), and asks as soon as
+//!   that batch's copies are on the link (`Env::started`), so that the next block's
+//!   copies follow them without a gap and never go in front of them. A fault over
+//!   several blocks asks for its last block only (or, if only an earlier one qualified,
+//!   once it has fetched them all).
+//! - One chain per device, in stream order: the next block of the same region is queued
+//!   on gmem's workqueue, and its worker, once *its* copies are started, hands on to the
+//!   block after it (`hand_on`: the chain's token, `Device::ahead_token`, passes with
+//!   it). So blocks reach the link in the order the device needs them, each one's
+//!   allocation overlaps the copies of the one before, and its commit the copies of the
+//!   one after. (Before, three lanes each took a block at once; under TCG whichever
+//!   lane's worker got a CPU first put its copies on the link first, and a trace of PL
+//!   showed the device waiting 12 ms for the block it needed behind a later one.)
+//! - What: every page of the block that advice leaves alone, by the PREFETCH
 //!   transition, in one executor batch. With pre-eviction on and while prefetch pays on
-//!   the device, a lane first frees the frames its block needs beyond the device's low
-//!   watermark (`room_target`: the stream has come to the device's end; the lane evicts
-//!   as the background worker would, while the device computes); the batch then stops
-//!   where the device is full, like density prefetch.
-//! - The marker: read-ahead pages are *not* mapped on the device. The device's first
-//!   touch of the block faults, finds the pages resident (the fault only maps them), and
-//!   that fault asks for read-ahead again, as the page cache's `PG_readahead` mark does
-//!   for files.
+//!   the device, a worker first frees the frames its block needs beyond the device's low
+//!   watermark (`room_target`: the stream has come to the device's end; it evicts as the
+//!   background worker would, while the device computes); the batch then stops where the
+//!   device is full, like density prefetch.
+//! - The marker: read-ahead pages are mapped on the device as they arrive, except the
+//!   block's first one. The device's first touch of the block faults on it (one page, no
+//!   copy; the block then takes its 2 MiB entry), and that fault asks for read-ahead
+//!   again, as the page cache's `PG_readahead` mark does for files. (With the whole block
+//!   unmapped, that fault mapped up to 256 pages: 0.7-3.8 ms of the device's time per
+//!   block in a trace of PL, part of it waiting for the block's lock; the one-page
+//!   faults took 0.5-1.2 ms.)
 //! - How far: up to [`DEPTH`] blocks past the block of the fault that last asked
 //!   (`Device::stream_at`); two only, while the device lacks room for three above its
 //!   high watermark (`device_depth`: under pressure a block far ahead is the likeliest to
-//!   be evicted unused). A lane goes on to its next block by itself while that holds, so
-//!   the link does not wait for the device's next fault (one block ahead left the link
-//!   idle while the fault that queued the next block was being handled).
+//!   be evicted unused). The chain goes on by itself while that holds, so the link does
+//!   not wait for the device's next fault; where it stopped is kept
+//!   (`Device::ahead_to`), and the next fault that asks starts it again from there.
 //!
 //! Lifetimes: the work item owns references to the device and the region. The region's
 //! teardown marks it dead under each block's lock, and the device's unregistration marks
@@ -41,9 +46,13 @@
 //! nothing (and makes no room for a device that is going away). It takes the mm only
 //! through `Space::mm_for_worker` (no fetch for an exiting process: nobody but gmem's
 //! workers uses its address space; the workers' own references are counted exactly, so
-//! that lanes taking turns do not keep it alive) and the mmap lock itself, in the fault
+//! that workers taking turns do not keep it alive) and the mmap lock itself, in the fault
 //! paths' order (mmap lock, then the block lock); it runs on gmem's workqueue, which
 //! module unload drains.
+//! The token is always given back: every worker hands on exactly once (when its copies
+//! start, or when its fetch ends without any), by queueing the next worker or by clearing
+//! the token; a fault that found it taken only moved `stream_at`, which the worker that
+//! clears it checks again. The hand-on runs under the block lock and takes none.
 //! Switch off with `readahead=0` in `/sys/kernel/debug/gmem/control`.
 
 use crate::exec::migrate::{self, Env, Step};
@@ -54,6 +63,7 @@ use crate::obj::region::{Pages, Region, AHEAD_LANES, BLOCK_BYTES, BLOCK_PAGES};
 use crate::obj::space::Space;
 use crate::obj::{tune, wq};
 use crate::policy::page_state::{transition, Actions, Event, Loc, Target};
+use crate::policy::prefetch::{chain_next, chain_start, within_depth};
 use core::sync::atomic::{
     AtomicBool,
     Ordering::{Acquire, Relaxed, Release},
@@ -66,7 +76,7 @@ use kernel::{
 };
 
 /// How many blocks read-ahead runs ahead of the block of its reader's last fault, at most
-/// (one lane each).
+/// (also the number of lanes read-ahead home takes turns on).
 pub(crate) const DEPTH: usize = AHEAD_LANES;
 
 /// How far a device's read-ahead runs: [`DEPTH`] blocks while the device has room for them
@@ -85,11 +95,6 @@ fn device_depth(dev: &Device) -> usize {
 /// A region's identity for `Device::stream_of` (compared only, never dereferenced).
 fn region_id(r: &Arc<Region>) -> usize {
     Arc::as_ptr(r) as usize
-}
-
-/// Whether the block at `next` lies at most `depth` blocks after the one at `at`.
-fn within_depth(next: usize, at: usize, depth: usize) -> bool {
-    next > at && next - at <= depth.saturating_mul(BLOCK_BYTES)
 }
 
 /// The lane flag of the block at `block_va` among `lanes`.
@@ -121,7 +126,7 @@ fn lane_done(
     queue: impl FnOnce(usize) -> bool,
 ) {
     let next = lanes.len().checked_mul(BLOCK_BYTES).and_then(|d| block_va.checked_add(d));
-    if let Some(next) = next.filter(|&n| go_on && within_depth(n, at, depth)) {
+    if let Some(next) = next.filter(|&n| go_on && within_depth(n / BLOCK_BYTES, at / BLOCK_BYTES, depth)) {
         if queue(next) {
             return;
         }
@@ -146,42 +151,86 @@ impl_has_work! {
 impl WorkItem for ReadAhead {
     type Pointer = Arc<ReadAhead>;
 
+    /// Fetches the block, handing the chain on to the next block once the block's copies
+    /// are started (or once the fetch is over, if it started none).
     fn run(this: Arc<ReadAhead>) {
-        this.fetch();
-        let (dev, r) = (&this.dev, &this.region);
-        let go_on = tune::READAHEAD.load(Relaxed) && dev.alive() && !r.is_dead();
-        // Only for the region of the device's last fault (another process may stream at
-        // nearby addresses).
-        let ours = dev.stream_of.load(Relaxed) == region_id(r);
-        let at = dev.stream_at.load(Relaxed);
-        let depth = device_depth(dev);
-        lane_done(&dev.reading_ahead, this.block_va, (at, depth), go_on && ours, |next| queue(dev, r, next));
+        let handed = core::cell::Cell::new(false);
+        let hand_on = || {
+            if !handed.replace(true) {
+                hand_on(&this.dev, &this.region, this.block_va);
+            }
+        };
+        this.fetch(&hand_on);
+        hand_on();
     }
 }
 
-/// Queues read-ahead of the blocks after the one at `block_va` (2 MiB aligned) of `r` for
-/// `dev`, as far as `device_depth` says, each if it lies in `r`, read-ahead is on, and its
-/// lane is free.
+/// The chain's worker for the block at `done` of `r` hands the token on: it queues the
+/// next block (`policy::prefetch::chain_next`) if read-ahead is on, the device and region live, `r` is the
+/// region of the device's last stream fault (another process may stream at nearby
+/// addresses) and the block lies within the depth; else it gives the token back. A fault
+/// that asked meanwhile found the token taken and only moved `stream_at` on: if it did,
+/// the chain is tried again from there.
+fn hand_on(dev: &Arc<Device>, r: &Arc<Region>, done: usize) {
+    let mut at = dev.stream_at.load(Relaxed);
+    loop {
+        let go_on =
+            tune::READAHEAD.load(Relaxed) && dev.alive() && !r.is_dead() && dev.stream_of.load(Relaxed) == region_id(r);
+        let next = chain_next(done / BLOCK_BYTES, at / BLOCK_BYTES, device_depth(dev))
+            .and_then(|b| b.checked_mul(BLOCK_BYTES));
+        if let Some(next) = next.filter(|_| go_on) {
+            if queue(dev, r, next) {
+                return;
+            }
+        }
+        dev.ahead_token.store(false, Release);
+        let now = dev.stream_at.load(Relaxed);
+        if now == at || dev.ahead_token.compare_exchange(false, true, Acquire, Relaxed).is_err() {
+            return;
+        }
+        at = now;
+    }
+}
+
+/// A device fault at the block at `block_va` (2 MiB aligned) of `r` asks for read-ahead:
+/// the reader is recorded there, and unless a chain runs (it goes on from the new
+/// position by itself), one starts at the next block, or where the last chain in this
+/// region stopped if that is further on and within the depth.
 pub(crate) fn after(dev: &Arc<Device>, r: &Arc<Region>, block_va: usize) {
     if !tune::READAHEAD.load(Relaxed) || !dev.alive() {
         return;
     }
     dev.stream_at.store(block_va, Relaxed);
-    dev.stream_of.store(region_id(r), Relaxed);
-    ahead(&dev.reading_ahead, block_va, device_depth(dev), |next| queue(dev, r, next));
+    let same = dev.stream_of.swap(region_id(r), Relaxed) == region_id(r);
+    if dev.ahead_token.compare_exchange(false, true, Acquire, Relaxed).is_err() {
+        return;
+    }
+    let to = same.then(|| dev.ahead_to.load(Relaxed));
+    // Where the last chain stopped in this region, unless that is stale
+    // (`policy::prefetch::chain_start`), in block numbers.
+    let at = block_va / BLOCK_BYTES;
+    let start = chain_start(at.saturating_add(1), at, to.map(|t| t / BLOCK_BYTES), device_depth(dev), DEPTH)
+        .and_then(|b| b.checked_mul(BLOCK_BYTES));
+    if !start.is_some_and(|start| queue(dev, r, start)) {
+        dev.ahead_token.store(false, Release);
+    }
 }
 
-/// Queues the read-ahead of the block at `block_va` of `r` for `dev` (whose lane flag
-/// the caller holds); false if that block lies outside `r` or the item could not be
-/// queued.
+/// Queues the read-ahead of the block at `block_va` of `r` for `dev` (the caller holds
+/// the chain's token, which the item takes over) and records it as the chain's last;
+/// false if that block lies outside `r` or the item could not be queued.
 fn queue(dev: &Arc<Device>, r: &Arc<Region>, block_va: usize) -> bool {
     if r.index(block_va).is_none() {
         return false;
     }
-    enqueue(Arc::pin_init(
+    let queued = enqueue(Arc::pin_init(
         pin_init!(ReadAhead { dev: dev.clone(), region: r.clone(), block_va, work <- new_work!("gmem_readahead") }),
         GFP_KERNEL,
-    ))
+    ));
+    if queued {
+        dev.ahead_to.store(block_va.saturating_add(BLOCK_BYTES), Relaxed);
+    }
+    queued
 }
 
 /// Queues a freshly made work item on gmem's workqueue; false if it could not be made or
@@ -201,7 +250,8 @@ where
 }
 
 impl ReadAhead {
-    fn fetch(&self) {
+    /// Fetches the block; `started` is called once its copies are started.
+    fn fetch(&self, started: &dyn Fn()) {
         let (dev, r) = (&self.dev, &self.region);
         let d = dev.id as u8;
         // Not for a process that is exiting (nobody else uses its address space).
@@ -226,14 +276,16 @@ impl ReadAhead {
             }
             plan(r, &p, d, &mut steps);
         }
-        let n = prefetch::speculate(dev, r, vma, &mut p, &steps);
+        let n = prefetch::speculate(&Env::access_then(r, vma, started), dev, &mut p, &steps);
         DevStats::add(&dev.stats.readahead, n);
     }
 }
 
 /// The read-ahead of the locked block `p` of `r` to device `d`, into `steps` (emptied
 /// first, with room for the block's pages): every page that advice leaves alone, by the
-/// PREFETCH transition, left unmapped. Returns how many device frames it takes.
+/// PREFETCH transition, mapped as it arrives, except the first of them: the device's
+/// first touch of the block faults on that one (without a copy) and reads further ahead
+/// (the module documentation's marker). Returns how many device frames it takes.
 fn plan(r: &Region, p: &Pages, d: u8, steps: &mut KVec<Step>) -> u64 {
     let advice = *r.advice.lock();
     steps.clear();
@@ -252,24 +304,24 @@ fn plan(r: &Region, p: &Pages, d: u8, steps: &mut KVec<Step>) -> u64 {
         if a.alloc_frame.is_some() {
             frames += 1;
         }
-        // Unmapped: the device's first touch faults (without a copy) and reads further
-        // ahead (the module documentation's marker).
-        a.map_dev = None;
+        if steps.is_empty() {
+            a.map_dev = None;
+        }
         // Capacity for the block's pages reserved by the caller.
         let _ = steps.push(Step { i, prev: s, next, a }, GFP_NOWAIT);
     }
     frames
 }
 
-/// Pre-eviction for a stream: how many frames `dev` should have free before a lane reads
+/// Pre-eviction for a stream: how many frames `dev` should have free before a worker reads
 /// ahead a block needing `frames` of them (those plus its low watermark), or `None` when
-/// it has them already or the lane should not evict for them: pre-eviction is off, the
+/// it has them already or the worker should not evict for them: pre-eviction is off, the
 /// device is going away, prefetch has not been paying on it lately (a random workload
 /// whose read-ahead mostly misses would evict for more misses), or the reader's dmem
 /// cgroup has no room left on it (the fetch would fail on its limit anyway, after taking
-/// other cgroups' frames). The lane then evicts as the background worker would, counted as
+/// other cgroups' frames). It then evicts as the background worker would, counted as
 /// pre-evicted, on its worker, while the device computes (`Why::Ahead`). Without this,
-/// under oversubscription the lanes found at most the background worker's few frames (its
+/// under oversubscription read-ahead found at most the background worker's few frames (its
 /// high watermark, 128 by default), read a block ahead only in part, and the device then
 /// faulted on the rest and evicted for itself, on its critical path.
 fn room_target(dev: &Device, frames: u64, mm: &Mm) -> Option<usize> {

@@ -22,7 +22,7 @@ use crate::abi::GMEM_MAX_CHANNELS;
 use crate::abi::{GmemCopy, GmemDevOps, GmemDevProps, GmemPte, GMEM_DEV_CAP_MAP_2M, GMEM_DRIVER_ABI_VERSION};
 use crate::obj::dmem::{self, Charge, Limit};
 use crate::obj::dpriv::Pagemap;
-use crate::obj::region::{Region, AHEAD_LANES};
+use crate::obj::region::Region;
 use crate::policy::evict::{self as order, Clock, F_CLEAN, F_LENT, F_PINNED, F_REF, F_USED};
 use crate::policy::frames::{FrameMap, CHUNK_FRAMES};
 use crate::policy::paths;
@@ -439,15 +439,19 @@ pub(crate) struct Device {
     drv: CDriver,
     /// False once unregistering started: nothing new is placed on the device.
     alive: AtomicBool,
-    /// A read-ahead for this device is queued or running, per lane (`mech/readahead.rs`:
-    /// consecutive blocks on different lanes, one block at a time per lane).
-    pub(crate) reading_ahead: [AtomicBool; AHEAD_LANES],
+    /// The read-ahead chain's token (`mech/readahead.rs`): set while a read-ahead worker is
+    /// queued or running that has yet to hand on to the next block; one chain per device,
+    /// so that blocks reach the link in stream order.
+    pub(crate) ahead_token: AtomicBool,
+    /// The block after the last one the chain queued (for the region `stream_of`): a
+    /// chain started again goes on from there, not from blocks already fetched.
+    pub(crate) ahead_to: core::sync::atomic::AtomicUsize,
     /// The block (2 MiB-aligned address) of the device fault that last asked for a
     /// read-ahead: read-ahead keeps going while it is within `readahead::device_depth`
     /// blocks of it.
     pub(crate) stream_at: core::sync::atomic::AtomicUsize,
     /// The region of that fault, as an address compared for identity only (never
-    /// dereferenced): a lane goes on only for the region it is reading ahead in, not for
+    /// dereferenced): the chain goes on only for the region it is reading ahead in, not for
     /// another process's region at nearby addresses.
     pub(crate) stream_of: core::sync::atomic::AtomicUsize,
     /// Round-robin cursor over the copy channels (`next_channel`).
@@ -536,7 +540,8 @@ impl Device {
                 nr_frames,
                 drv,
                 alive: AtomicBool::new(true),
-                reading_ahead: [const { AtomicBool::new(false) }; AHEAD_LANES],
+                ahead_token: AtomicBool::new(false),
+                ahead_to: core::sync::atomic::AtomicUsize::new(0),
                 stream_at: core::sync::atomic::AtomicUsize::new(0),
                 stream_of: core::sync::atomic::AtomicUsize::new(0),
                 chan_rr: AtomicU32::new(0),

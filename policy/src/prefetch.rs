@@ -85,6 +85,36 @@ pub fn read_ahead(resident: &[u64; WORDS], valid: &[u64; WORDS]) -> bool {
     valid.iter().any(|&w| w != 0) && valid.iter().zip(resident).all(|(&v, &r)| v & !r == 0)
 }
 
+/// Whether block `next` lies at most `depth` blocks after block `at` (blocks are numbered
+/// by address / 2 MiB).
+pub fn within_depth(next: usize, at: usize, depth: usize) -> bool {
+    next > at && next - at <= depth
+}
+
+/// Read-ahead's chain (`gmem/mech/readahead.rs`): the block its worker fetches after
+/// block `done`, for a reader last seen at block `at`, reading ahead `depth` blocks: the
+/// next one, or the reader's next if the reader has gone past the chain; `None` beyond the
+/// depth (the chain stops; a later fault starts it again).
+pub fn chain_next(done: usize, at: usize, depth: usize) -> Option<usize> {
+    let next = done.max(at).checked_add(1)?;
+    within_depth(next, at, depth).then_some(next)
+}
+
+/// Where a chain asked for by a fault at block `at` starts: at `from` (normally `at + 1`),
+/// or at `to`, the block after the last one the chain queued in the same stream (`None`:
+/// another region), if that is further on: the blocks before it were queued already.
+/// `None` if the start lies beyond `depth` (a later fault starts it). A `to` further on
+/// than any chain of this stream can have gone (`max_depth` blocks past a reader that was
+/// at or before `at`, plus one) is from an earlier pass over the region, and ignored.
+pub fn chain_start(from: usize, at: usize, to: Option<usize>, depth: usize, max_depth: usize) -> Option<usize> {
+    let reach = at.checked_add(max_depth).and_then(|r| r.checked_add(1));
+    let start = match to {
+        Some(to) if to > from && reach.is_some_and(|reach| to <= reach) => to,
+        _ => from,
+    };
+    within_depth(start, at, depth).then_some(start)
+}
+
 /// Word range and in-word mask of the aligned subregion `[start, start + size)`, where
 /// `size` is a power of two in `2..=512` and `start < 512` a multiple of it.
 fn span(start: usize, size: usize) -> (core::ops::Range<usize>, u64) {
@@ -243,6 +273,32 @@ impl Default for Stride {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn chain_goes_on_within_depth_and_skips_to_the_reader() {
+        // Next block, while within three of the reader at 10.
+        assert_eq!(chain_next(10, 10, 3), Some(11));
+        assert_eq!(chain_next(12, 10, 3), Some(13));
+        assert_eq!(chain_next(13, 10, 3), None);
+        // The reader went past the chain: on from the reader.
+        assert_eq!(chain_next(4, 10, 3), Some(11));
+        assert_eq!(chain_next(usize::MAX, 0, 3), None);
+    }
+
+    #[test]
+    fn chain_starts_where_it_stopped_unless_stale() {
+        // No earlier chain in this region: the next block.
+        assert_eq!(chain_start(11, 10, None, 3, 3), Some(11));
+        // It stopped at 13 (queued up to 12): on from there.
+        assert_eq!(chain_start(11, 10, Some(13), 3, 3), Some(13));
+        // Beyond the depth for now (under pressure, depth 2): nothing, not block 11 again.
+        assert_eq!(chain_start(11, 10, Some(13), 2, 3), None);
+        // Behind the reader, or from an earlier pass far on: the next block.
+        assert_eq!(chain_start(11, 10, Some(9), 3, 3), Some(11));
+        assert_eq!(chain_start(11, 10, Some(40), 3, 3), Some(11));
+        // The furthest a chain of this stream can have gone is still honoured.
+        assert_eq!(chain_start(11, 10, Some(14), 3, 3), None);
+    }
+
     #[test]
     fn accuracy_follows_what_settles() {
         let mut a = super::Accuracy(super::Accuracy::ONE);

@@ -3,7 +3,7 @@
 //! (largest dense subregion per faulted page) and its documented bounds; `sequential`
 //! and `Stride` against direct references.
 
-use gmem_policy::prefetch::{density, sequential, Stride, BLOCK_PAGES};
+use gmem_policy::prefetch::{chain_next, chain_start, density, sequential, Stride, BLOCK_PAGES};
 use proptest::prelude::*;
 
 type Bm = [u64; 8];
@@ -183,5 +183,101 @@ proptest! {
             m
         });
         prop_assert_eq!(sequential(&r, &m, &v, k, after), want);
+    }
+}
+
+/// Read-ahead's chain against a reader streaming forward through `blocks` blocks: the
+/// protocol of `gmem/mech/readahead.rs` (one token; a fault asks with `chain_start` when
+/// the token is free, a worker hands on with `chain_next`), driven by random events.
+#[derive(Debug, Clone)]
+enum Ev {
+    /// The reader moves on by this many blocks and faults there (asks).
+    Fault(usize),
+    /// The token holder's copies started: it hands on.
+    HandOn,
+    /// The device's room changes the depth (2 or 3).
+    Depth(usize),
+}
+
+const MAX_DEPTH: usize = 3;
+
+struct Chain {
+    blocks: usize,
+    at: usize,
+    depth: usize,
+    /// The block whose worker holds the token.
+    holder: Option<usize>,
+    to: Option<usize>,
+    queued: Vec<usize>,
+}
+
+impl Chain {
+    fn queue(&mut self, b: usize) -> bool {
+        if b >= self.blocks {
+            return false;
+        }
+        // Each block at most once in a forward pass, never behind or beyond the reader's
+        // depth when queued.
+        assert!(!self.queued.contains(&b), "block {b} queued twice: {:?}", self.queued);
+        assert!(b > self.at && b - self.at <= MAX_DEPTH, "block {b} queued with the reader at {}", self.at);
+        self.queued.push(b);
+        self.holder = Some(b);
+        self.to = Some(b + 1);
+        true
+    }
+
+    fn ask(&mut self) {
+        if self.holder.is_some() {
+            return;
+        }
+        if let Some(s) = chain_start(self.at + 1, self.at, self.to, self.depth, MAX_DEPTH) {
+            self.queue(s);
+        }
+    }
+
+    fn hand_on(&mut self) {
+        let Some(done) = self.holder.take() else { return };
+        if let Some(n) = chain_next(done, self.at, self.depth) {
+            self.queue(n);
+        }
+    }
+}
+
+fn chain_event() -> impl Strategy<Value = Ev> {
+    prop_oneof![
+        2 => (0usize..3).prop_map(Ev::Fault),
+        3 => Just(Ev::HandOn),
+        1 => (2usize..=3).prop_map(Ev::Depth),
+    ]
+}
+
+proptest! {
+    /// No block is queued twice or outside the reader's depth, and once the chain has run
+    /// out after a fault, every block within the depth of that fault is queued.
+    #[test]
+    fn chain_queues_each_block_once_and_covers_the_depth(
+        blocks in 4usize..40,
+        evs in prop::collection::vec(chain_event(), 0..120),
+    ) {
+        let mut c = Chain { blocks, at: 0, depth: MAX_DEPTH, holder: None, to: None, queued: Vec::new() };
+        c.ask();
+        for ev in evs {
+            match ev {
+                Ev::Fault(k) => {
+                    c.at = (c.at + k).min(blocks - 1);
+                    c.ask();
+                }
+                Ev::HandOn => c.hand_on(),
+                Ev::Depth(d) => c.depth = d,
+            }
+        }
+        // Quiesce: a fault at the reader's block, then hand-ons until the token is free.
+        c.ask();
+        while c.holder.is_some() {
+            c.hand_on();
+        }
+        for b in c.at + 1..=(c.at + c.depth).min(blocks - 1) {
+            prop_assert!(c.queued.contains(&b), "block {} not queued; reader at {}, queued {:?}", b, c.at, c.queued);
+        }
     }
 }
