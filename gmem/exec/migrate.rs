@@ -1114,7 +1114,7 @@ fn map_batch(env: &Env<'_>, p: &Pages, steps: &[Step], d: u8, devs: &Devs, huge:
             return ops.map(ctx, &[pte]);
         }
     }
-    let mut ptes: KVec<GmemPte> = KVec::new();
+    let mut ptes: KVec<GmemPte> = KVec::with_capacity(steps.len(), GFP_KERNEL)?;
     for st in steps {
         let Some(m) = st.a.map_dev.filter(|m| m.dev == d) else { continue };
         let va = env.region.va(st.i);

@@ -79,12 +79,16 @@ use kernel::{
 /// (also the number of lanes read-ahead home takes turns on).
 pub(crate) const DEPTH: usize = AHEAD_LANES;
 
-/// How far a device's read-ahead runs: [`DEPTH`] blocks while the device has room for them
-/// above its high watermark, else two. On a device under pressure every block fetched
-/// ahead takes frames that must be freed first, and a block fetched far ahead is the
-/// likeliest to be evicted before it is used.
-fn device_depth(dev: &Device) -> usize {
-    let room = (DEPTH * BLOCK_PAGES) as u64;
+/// How far a device's read-ahead in `r` runs from the reader's block at `at`: [`DEPTH`]
+/// blocks while the device has room above its high watermark for them, or for what is
+/// left of the region after `at` if that is less, else two. On a device under pressure
+/// every block fetched ahead takes frames that must be freed first, and a block fetched
+/// far ahead is the likeliest to be evicted before it is used. (Counting only the blocks
+/// the region still has: near its end, a region that fits read ahead two blocks only, as
+/// if the device were short, and a trace of PL showed the device waiting for the last.)
+fn device_depth(dev: &Device, r: &Region, at: usize) -> usize {
+    let left = r.end().saturating_sub(at.saturating_add(BLOCK_BYTES)).div_ceil(BLOCK_BYTES);
+    let room = (DEPTH.min(left) * BLOCK_PAGES) as u64;
     if dev.frames_free_hint() >= dev.high().saturating_add(room) {
         DEPTH
     } else {
@@ -166,17 +170,17 @@ impl WorkItem for ReadAhead {
 }
 
 /// The chain's worker for the block at `done` of `r` hands the token on: it queues the
-/// next block (`policy::prefetch::chain_next`) if read-ahead is on, the device and region live, `r` is the
-/// region of the device's last stream fault (another process may stream at nearby
-/// addresses) and the block lies within the depth; else it gives the token back. A fault
-/// that asked meanwhile found the token taken and only moved `stream_at` on: if it did,
-/// the chain is tried again from there.
+/// next block (`policy::prefetch::chain_next`) if read-ahead is on, the device and region
+/// live, `r` is the region of the device's last stream fault (another process may stream
+/// at nearby addresses) and the block lies within the depth; else it gives the token back.
+/// A fault that asked meanwhile found the token taken and only moved `stream_at` on: if it
+/// did, the chain is tried again from there.
 fn hand_on(dev: &Arc<Device>, r: &Arc<Region>, done: usize) {
     let mut at = dev.stream_at.load(Relaxed);
     loop {
         let go_on =
             tune::READAHEAD.load(Relaxed) && dev.alive() && !r.is_dead() && dev.stream_of.load(Relaxed) == region_id(r);
-        let next = chain_next(done / BLOCK_BYTES, at / BLOCK_BYTES, device_depth(dev))
+        let next = chain_next(done / BLOCK_BYTES, at / BLOCK_BYTES, device_depth(dev, r, at))
             .and_then(|b| b.checked_mul(BLOCK_BYTES));
         if let Some(next) = next.filter(|_| go_on) {
             if queue(dev, r, next) {
@@ -209,8 +213,9 @@ pub(crate) fn after(dev: &Arc<Device>, r: &Arc<Region>, block_va: usize) {
     // Where the last chain stopped in this region, unless that is stale
     // (`policy::prefetch::chain_start`), in block numbers.
     let at = block_va / BLOCK_BYTES;
-    let start = chain_start(at.saturating_add(1), at, to.map(|t| t / BLOCK_BYTES), device_depth(dev), DEPTH)
-        .and_then(|b| b.checked_mul(BLOCK_BYTES));
+    let start =
+        chain_start(at.saturating_add(1), at, to.map(|t| t / BLOCK_BYTES), device_depth(dev, r, block_va), DEPTH)
+            .and_then(|b| b.checked_mul(BLOCK_BYTES));
     if !start.is_some_and(|start| queue(dev, r, start)) {
         dev.ahead_token.store(false, Release);
     }
