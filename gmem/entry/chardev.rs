@@ -11,13 +11,12 @@ use crate::entry::advise::{self, Advice, Fence};
 use crate::entry::vm_ops;
 use crate::mech::sysmem;
 use crate::obj::devices;
-use crate::obj::region::{adv, Region, BLOCK_BYTES, PAGE_SIZE};
+use crate::obj::region::{adv, Region, PAGE_SIZE};
 use crate::obj::space::{self, Space};
 use crate::policy::{page_state::PageState, range};
 use kernel::{
     bindings,
     error::to_result,
-    ffi::c_ulong,
     fs::File,
     ioctl::_IOWR,
     miscdevice::{MiscDevice, MiscDeviceRegistration},
@@ -182,10 +181,8 @@ impl GmemFile {
         };
         let _serialise = self.alloc_lock.lock();
         *self.pending.lock() = Some(Pending { size: size as usize, advice });
-        let hint = self.aligned_hint(file, size as usize);
         // SAFETY: `file` is this open file; we are in process context without the mmap lock.
-        let addr =
-            unsafe { bindings::vm_mmap(file.as_ptr(), hint, size as usize, PROT_READ | PROT_WRITE, MAP_SHARED, 0) };
+        let addr = unsafe { bindings::vm_mmap(file.as_ptr(), 0, size as usize, PROT_READ | PROT_WRITE, MAP_SHARED, 0) };
         *self.pending.lock() = None;
         if addr >= (-4095isize) as usize {
             return Err(Error::from_errno(addr as isize as i32));
@@ -197,28 +194,6 @@ impl GmemFile {
             return Err(e);
         }
         Ok(())
-    }
-
-    /// Where `vm_mmap` should put a region of `size` bytes: for 2 MiB or more, a free range
-    /// that starts on a 2 MiB boundary, so that the region's blocks are whole (one 2 MiB
-    /// device entry each, no partial first block splitting a stream's first fault), as
-    /// CUDA's managed allocations are; 0 (anywhere) for smaller ones or if there is no such
-    /// range. Only a hint: `vm_mmap` takes it if the range is still free when it maps.
-    fn aligned_hint(&self, file: &File, size: usize) -> usize {
-        if size < BLOCK_BYTES {
-            return 0;
-        }
-        let Some(mm) = self.space.mm_user() else { return 0 };
-        let _mmap = mm.mmap_read_lock();
-        // SAFETY: a search of the address space's free ranges, under its mmap lock (read);
-        // `file` is this open file, live for the call. Nothing is mapped or changed.
-        let a = unsafe { bindings::thp_get_unmapped_area(file.as_ptr(), 0, size as c_ulong, 0, MAP_SHARED as c_ulong) }
-            as usize;
-        // An error value (the top 4095 values) or an unaligned fallback: no hint.
-        if a >= (-4095isize) as usize || a % BLOCK_BYTES != 0 {
-            return 0;
-        }
-        a
     }
 
     fn free(&self, arg: usize) -> Result {

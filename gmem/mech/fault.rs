@@ -338,8 +338,8 @@ fn dev_fault_step(
 /// counting its waits for frames in transit in the fault's `waits`.
 ///
 /// With `rest` (the batch starts a stream), the first batch also fetches the rest of the
-/// block (`stream_rest`), mapped, marked prefetched; `started` is called once its copies
-/// are on the link. What stops a fetched-ahead page (the device full, a failed copy) only
+/// block (`stream_rest`), mapped, marked prefetched, if the device has a block's frames
+/// free above its low watermark; `started` is called once its copies are on the link. What stops a fetched-ahead page (the device full, a failed copy) only
 /// ends the speculation: the faulted pages after it are fetched without it.
 #[allow(clippy::too_many_arguments)]
 fn fault_pages(
@@ -357,7 +357,11 @@ fn fault_pages(
     let block = r.block(i0)?;
     let mut next_page = 0;
     let mut attempts = 0;
-    let mut rest = rest;
+    // Speculation never takes the frames the device keeps free (its low watermark): on a
+    // full device, the fetched-ahead pages would be what the next eviction pass takes, and
+    // under oversubscription (P4, 2x) they came back as extra transfers. Read-ahead makes
+    // room first where that pays (`readahead::room_target`).
+    let mut rest = rest && dev.frames_free_hint() >= dev.low().saturating_add(BLOCK_PAGES as u64);
     while next_page < idx.len() {
         let mut p = r.lock(&block);
         if r.is_dead() {
@@ -399,8 +403,8 @@ fn fault_pages(
         drop(thrash);
         let is_ahead = |st: &migrate::Step| ahead[(st.i - b0) / 64] & (1 << ((st.i - b0) % 64)) != 0;
         let env = match started {
-            Some(f) if rest => Env::access_then(r, vma, f),
-            _ => Env::access(r, vma),
+            Some(f) => Env::access_then(r, vma, f),
+            None => Env::access(r, vma),
         };
         let out = migrate::apply_batch(&env, &mut p, &steps);
         let done = &steps[..out.done];
