@@ -7,7 +7,8 @@
 //! - When: a device fault batch left its block wholly resident on the device
 //!   (`policy::prefetch::read_ahead`; the density rule, `prefetch.rs`, fetched the rest),
 //!   or starts a stream: it covers a quarter of a block or more, and then fetches the
-//!   rest of its block with its own pages (`fault::device_fault`), and asks as soon as
+//!   rest of its block with its own pages while the device has a block's frames free
+//!   above its low watermark (`fault::device_fault`), and asks as soon as
 //!   that batch's copies are on the link (`Env::started`), so that the next block's
 //!   copies follow them without a gap and never go in front of them. A fault over
 //!   several blocks asks for its last block only (or, if only an earlier one qualified,
