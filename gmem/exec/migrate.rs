@@ -912,6 +912,9 @@ fn pipelined(
     let mut flight = InFlight(KVec::new());
     let mut res = Ok(());
     let mut begin = 0;
+    // A 2 MiB entry would also map a page that a step of an earlier part leaves unmapped
+    // (read-ahead's marker): only if every step maps.
+    let all_map = steps.iter().all(|st| st.a.map_dev.is_some());
     // Every part's mappings at once, as for a whole batch: one CPU zap and one device TLB
     // flush per run, not per part.
     revoke(env, p, steps, devs);
@@ -953,7 +956,7 @@ fn pipelined(
         if map_each {
             // A 2 MiB entry only once every part is committed: before that the block holds
             // frames that copies still in flight name.
-            let m = map_steps(env, p, &steps[committed..end], devs, end == steps.len());
+            let m = map_steps(env, p, &steps[committed..end], devs, end == steps.len() && all_map);
             mapped = mapped.and(m);
             laps.lap(Phase::Map);
         }

@@ -66,8 +66,8 @@ use crate::obj::{tune, wq};
 use crate::policy::page_state::{transition, Actions, Event, Loc, Target};
 use crate::policy::prefetch::{chain_next, chain_start, within_depth};
 use core::sync::atomic::{
-    AtomicBool,
-    Ordering::{Acquire, Relaxed, Release},
+    fence, AtomicBool,
+    Ordering::{Acquire, Relaxed, Release, SeqCst},
 };
 use kernel::{
     mm::Mm,
@@ -189,6 +189,9 @@ fn hand_on(dev: &Arc<Device>, r: &Arc<Region>, done: usize) {
             }
         }
         dev.ahead_token.store(false, Release);
+        // Pairs with the fence in `after`: either that fault sees the token free, or this
+        // sees its `stream_at` (a store then a load on each side, which may otherwise pass).
+        fence(SeqCst);
         let now = dev.stream_at.load(Relaxed);
         if now == at || dev.ahead_token.compare_exchange(false, true, Acquire, Relaxed).is_err() {
             return;
@@ -207,6 +210,8 @@ pub(crate) fn after(dev: &Arc<Device>, r: &Arc<Region>, block_va: usize) {
     }
     dev.stream_at.store(block_va, Relaxed);
     let same = dev.stream_of.swap(region_id(r), Relaxed) == region_id(r);
+    // Pairs with the fence in `hand_on` (see there).
+    fence(SeqCst);
     if dev.ahead_token.compare_exchange(false, true, Acquire, Relaxed).is_err() {
         return;
     }
@@ -229,14 +234,14 @@ fn queue(dev: &Arc<Device>, r: &Arc<Region>, block_va: usize) -> bool {
     if r.index(block_va).is_none() {
         return false;
     }
-    let queued = enqueue(Arc::pin_init(
+    // Recorded before the item can run and hand on (which records the block after it):
+    // never overwritten by an older value. (If the item cannot be queued, the next
+    // request starts one block further on than it might: read-ahead only.)
+    dev.ahead_to.store(block_va.saturating_add(BLOCK_BYTES), Relaxed);
+    enqueue(Arc::pin_init(
         pin_init!(ReadAhead { dev: dev.clone(), region: r.clone(), block_va, work <- new_work!("gmem_readahead") }),
         GFP_KERNEL,
-    ));
-    if queued {
-        dev.ahead_to.store(block_va.saturating_add(BLOCK_BYTES), Relaxed);
-    }
-    queued
+    ))
 }
 
 /// Queues a freshly made work item on gmem's workqueue; false if it could not be made or
