@@ -9,7 +9,7 @@
 use crate::exec::migrate::{self, Env};
 use crate::mech::evict::{self, Why};
 use crate::mech::{prefetch, readahead, sysmem, thrash};
-use crate::obj::device::{DevStats, Device, F_PREFETCHED};
+use crate::obj::device::{DevStats, Device};
 use crate::obj::region::{adv, block_base, Pages, Region, ADVICE_RUNS, BLOCK_BYTES, BLOCK_PAGES};
 use crate::obj::space::{Space, Thrash};
 use crate::obj::{sched, trace, tune};
@@ -295,18 +295,6 @@ pub(crate) fn device_fault(dev: &Arc<Device>, space: &Space, addrs: &[u64], writ
     sysmem::device_fault(dev, space, &others, write)
 }
 
-/// The step that fetches page `i` of the locked block `p` to device `d` ahead of a stream
-/// (`fault_pages`'s rest of a block), if it is not there yet and advice leaves it alone:
-/// the PREFETCH transition, mapped.
-fn stream_rest(p: &Pages, advice: &AdviceMap<ADVICE_RUNS>, i: usize, d: u8) -> Option<migrate::Step> {
-    if advice.get(i as u64) != 0 {
-        return None;
-    }
-    let s = p.state(i);
-    let (next, a) = transition(s, Event::Prefetch { to: Target::Device(d) }).ok()?;
-    (a != Actions::default()).then_some(migrate::Step { i, prev: s, next, a })
-}
-
 /// The transition of a device access by `d` to page `i` of `r`, with the advice in force
 /// (and a page that kept bouncing treated as accessed-by: it stays on the host, mapped
 /// remotely, for a while).
@@ -338,9 +326,10 @@ fn dev_fault_step(
 /// counting its waits for frames in transit in the fault's `waits`.
 ///
 /// With `rest` (the batch starts a stream), the first batch also fetches the rest of the
-/// block (`stream_rest`), mapped, marked prefetched, if the device has a block's frames
-/// free above its low watermark; `started` is called once its copies are on the link. What stops a fetched-ahead page (the device full, a failed copy) only
-/// ends the speculation: the faulted pages after it are fetched without it.
+/// block (`prefetch::step`), mapped, marked prefetched, if the device has a block's frames
+/// free above its low watermark; `started` is called once its copies are on the link.
+/// What stops a fetched-ahead page (the device full, a failed copy) only ends the
+/// speculation: the faulted pages after it are fetched without it.
 #[allow(clippy::too_many_arguments)]
 fn fault_pages(
     dev: &Arc<Device>,
@@ -384,7 +373,7 @@ fn fault_pages(
         for i in pages {
             if faulted.next_if_eq(&&i).is_none() {
                 if rest {
-                    if let Some(st) = stream_rest(&p, &advice, i, d) {
+                    if let Some(st) = prefetch::step(&p, &advice, i, d) {
                         ahead[(i - b0) / 64] |= 1 << ((i - b0) % 64);
                         steps.push(st, GFP_KERNEL)?;
                     }
@@ -412,17 +401,7 @@ fn fault_pages(
         let done = if ahead.iter().any(|&w| w != 0) {
             // The fetched-ahead pages are prefetches, not faults: marked and counted as
             // such, and left out of the fault's own counts and thrash records.
-            let mut n = 0u64;
-            for st in done.iter().filter(|st| is_ahead(st)) {
-                if st.next.loc() == Loc::Device(d) {
-                    dev.set_flags(p.frame(st.i), F_PREFETCHED);
-                    n += 1;
-                }
-            }
-            DevStats::add(&dev.stats.prefetched, n);
-            if n != 0 {
-                trace::prefetch(dev.id, n);
-            }
+            prefetch::mark(dev, &p, done.iter().filter(|st| is_ahead(st)));
             own.reserve(done.len(), GFP_KERNEL)?;
             for st in done.iter().filter(|st| !is_ahead(st)) {
                 // Capacity reserved above.

@@ -12,10 +12,11 @@
 
 use crate::exec::migrate::{self, Env, Step};
 use crate::obj::device::{DevStats, Device, F_PREFETCHED};
-use crate::obj::region::{block_base, Pages, Region, PAGE_SIZE};
+use crate::obj::region::{block_base, Pages, Region, ADVICE_RUNS, PAGE_SIZE};
 use crate::obj::{trace, tune};
 use crate::policy::page_state::{transition, Actions, Event, Loc, Target};
 use crate::policy::prefetch::{density, read_ahead, sequential, BLOCK_PAGES};
+use crate::policy::range::AdviceMap;
 use core::sync::atomic::Ordering::Relaxed;
 use kernel::{mm::virt::VmaRef, prelude::*, sync::Arc};
 
@@ -53,19 +54,9 @@ pub(crate) fn on_fault(
         if extra[k / 64] & (1 << (k % 64)) == 0 {
             continue;
         }
-        let Some(j) = r.index(block_va + k * PAGE_SIZE) else { continue };
-        // Advice decides placement for advised pages; leave them alone.
-        if advice.get(j as u64) != 0 {
-            continue;
-        }
-        let s = p.state(j);
-        let Ok((next, a)) = transition(s, Event::Prefetch { to: Target::Device(d) }) else { continue };
-        // (A transition without actions at most ends a parking: nothing to fetch.)
-        if a == Actions::default() {
-            continue;
-        }
+        let Some(st) = r.index(block_va + k * PAGE_SIZE).and_then(|j| step(&p, &advice, j, d)) else { continue };
         // Capacity reserved above.
-        let _ = steps.push(Step { i: j, prev: s, next, a }, GFP_NOWAIT);
+        let _ = steps.push(st, GFP_NOWAIT);
     }
     speculate(&Env::access(r, vma), dev, &mut p, &steps);
     // Residency now: what was there, the fault batch's pages (unless they were mapped
@@ -88,10 +79,29 @@ pub(crate) fn on_fault(
 /// how many there are. `env` is an access to the block's region.
 pub(crate) fn speculate(env: &Env<'_>, dev: &Device, p: &mut Pages, steps: &[Step]) -> u64 {
     let out = migrate::apply_batch(env, p, steps);
+    mark(dev, p, &steps[..out.done])
+}
+
+/// The step that fetches page `i` of the locked block `p` to device `d` speculatively
+/// (density prefetch, read-ahead, the rest of a stream's block): the PREFETCH transition,
+/// mapped; `None` for a page that advice decides the placement of, or that is there
+/// already (a transition without actions at most ends a parking: nothing to fetch).
+pub(crate) fn step(p: &Pages, advice: &AdviceMap<ADVICE_RUNS>, i: usize, d: u8) -> Option<Step> {
+    if advice.get(i as u64) != 0 {
+        return None;
+    }
+    let s = p.state(i);
+    let (next, a) = transition(s, Event::Prefetch { to: Target::Device(d) }).ok()?;
+    (a != Actions::default()).then_some(Step { i, prev: s, next, a })
+}
+
+/// Marks the frames of the committed speculative `steps` that landed on `dev`
+/// `F_PREFETCHED` (the executor recorded the owner; only the mark is added), counts and
+/// traces them; returns how many there are.
+pub(crate) fn mark<'a>(dev: &Device, p: &Pages, steps: impl IntoIterator<Item = &'a Step>) -> u64 {
     let mut n = 0u64;
-    for st in &steps[..out.done] {
+    for st in steps {
         if st.next.loc() == Loc::Device(dev.id as u8) {
-            // The executor recorded the owner; only the prefetch mark is added.
             dev.set_flags(p.frame(st.i), F_PREFETCHED);
             n += 1;
         }

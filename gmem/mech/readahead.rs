@@ -35,9 +35,9 @@
 //!   block in a trace of PL, part of it waiting for the block's lock; the one-page
 //!   faults took 0.5-1.2 ms.)
 //! - How far: up to [`DEPTH`] blocks past the block of the fault that last asked
-//!   (`Device::stream_at`); two only, while the device lacks room for three above its
-//!   high watermark (`device_depth`: under pressure a block far ahead is the likeliest to
-//!   be evicted unused). The chain goes on by itself while that holds, so the link does
+//!   (`Device::stream_at`); two only, while the device lacks room above its high
+//!   watermark for three, or for the blocks the region has left if fewer (`device_depth`:
+//!   under pressure a block far ahead is the likeliest to be evicted unused). The chain goes on by itself while that holds, so the link does
 //!   not wait for the device's next fault; where it stopped is kept
 //!   (`Device::ahead_to`), and the next fault that asks starts it again from there.
 //!
@@ -63,7 +63,7 @@ use crate::obj::device::{DevStats, Device};
 use crate::obj::region::{Pages, Region, AHEAD_LANES, BLOCK_BYTES, BLOCK_PAGES};
 use crate::obj::space::Space;
 use crate::obj::{tune, wq};
-use crate::policy::page_state::{transition, Actions, Event, Loc, Target};
+use crate::policy::page_state::{transition, Event, Loc, Target};
 use crate::policy::prefetch::{chain_next, chain_start, within_depth};
 use core::sync::atomic::{
     fence, AtomicBool,
@@ -302,24 +302,15 @@ fn plan(r: &Region, p: &Pages, d: u8, steps: &mut KVec<Step>) -> u64 {
     steps.clear();
     let mut frames = 0u64;
     for i in p.range() {
-        // Advice decides placement for advised pages; leave them alone.
-        if advice.get(i as u64) != 0 {
-            continue;
-        }
-        let s = p.state(i);
-        let Ok((next, mut a)) = transition(s, Event::Prefetch { to: Target::Device(d) }) else { continue };
-        // (A transition without actions at most ends a parking: nothing to fetch.)
-        if a == Actions::default() {
-            continue;
-        }
-        if a.alloc_frame.is_some() {
+        let Some(mut st) = prefetch::step(p, &advice, i, d) else { continue };
+        if st.a.alloc_frame.is_some() {
             frames += 1;
         }
         if steps.is_empty() {
-            a.map_dev = None;
+            st.a.map_dev = None;
         }
         // Capacity for the block's pages reserved by the caller.
-        let _ = steps.push(Step { i, prev: s, next, a }, GFP_NOWAIT);
+        let _ = steps.push(st, GFP_NOWAIT);
     }
     frames
 }
