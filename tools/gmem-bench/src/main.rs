@@ -9,12 +9,14 @@
 //! (its entry is null and the reason is in "errors"), 2 when the JSON did not validate.
 //!
 //! usage: gmem-bench [--smoke | --quick | --full] [reps=N] [only=P1+P4+...] [link=MBPS] [p4=NAME]
+//!                   [prof=NAME]
 //!        gmem-bench copyprobe   (30 timings of each CPU copy style: TCG's memcpy is bimodal)
 //! (words may also be comma-separated, as in the kernel command line `gmembench=quick,only=P4`)
 //! Documentation/benchmarks.rst describes every benchmark and how to read the results.
 
 mod benches;
 mod json;
+mod prof;
 mod sys;
 
 use benches::{progress, Bench, P4Config};
@@ -32,10 +34,13 @@ struct Args {
     /// `p4=NAME`: P4 runs only the configurations whose name contains NAME (for A/B runs
     /// and traces of one configuration, e.g. `p4=link`).
     p4: Option<String>,
+    /// `prof=NAME`: a sampling CPU profile of the runs whose trace mark contains NAME
+    /// (prof.rs; a diagnostic, printed as `GMEM-PROF` lines).
+    prof: Option<String>,
 }
 
 fn parse_args() -> Result<Args, String> {
-    let mut a = Args { mode: "full", reps: None, only: None, link: None, p4: None };
+    let mut a = Args { mode: "full", reps: None, only: None, link: None, p4: None, prof: None };
     let words: Vec<String> = std::env::args()
         .skip(1)
         .flat_map(|s| s.split([',', ' ']).map(str::to_string).collect::<Vec<_>>())
@@ -53,10 +58,11 @@ fn parse_args() -> Result<Args, String> {
                 a.link = Some(m.parse().ok().filter(|&m| m >= 10).ok_or(format!("bad link '{m}' (MB/s, >= 10)"))?)
             }
             Some(("p4", n)) => a.p4 = Some(n.to_string()),
+            Some(("prof", n)) => a.prof = Some(n.to_string()),
             None if w == "copyprobe" => a.mode = "copyprobe",
             _ => {
                 return Err(format!(
-                "unknown argument '{w}' (usage: gmem-bench [--smoke|--quick|--full] [reps=N] [only=P1+P4] [link=MBPS] [p4=NAME])"
+                "unknown argument '{w}' (usage: gmem-bench [--smoke|--quick|--full] [reps=N] [only=P1+P4] [link=MBPS] [p4=NAME] [prof=NAME])"
             ))
             }
         }
@@ -127,6 +133,9 @@ fn main() {
         }
         return;
     }
+    if let Some(n) = &args.prof {
+        prof::init(n);
+    }
     let mut out = Json::obj().with("schema", "gmem-bench/1").with("mode", args.mode);
     let mut errors: Vec<Json> = vec![];
     let code = match setup(&args) {
@@ -146,6 +155,7 @@ fn main() {
             2
         }
     };
+    prof::report();
     println!("GMEM-BENCH-JSON {line}");
     std::process::exit(code);
 }

@@ -46,9 +46,11 @@ pub fn stat_json(v: &[f64]) -> Json {
 }
 
 /// Writes `msg` into the ftrace buffer (`trace_marker`) when the guest traces the run
-/// (`make bench BENCH_TRACE=1`); nothing otherwise. Call it outside timed spans.
+/// (`make bench BENCH_TRACE=1`); nothing otherwise. Also starts and stops the profile of
+/// `prof=NAME` (prof.rs). Call it outside timed spans.
 pub fn trace_mark(msg: &str) {
     let _ = std::fs::write("/sys/kernel/tracing/trace_marker", msg);
+    crate::prof::mark(msg);
 }
 
 /// The scheduler's totals over every CPU, from `/proc/schedstat` (the guest kernel has
