@@ -295,6 +295,12 @@ impl gmem::Driver for SimDev {
         self.live();
         ctx.pt.lock().test_clear_accessed(va)
     }
+
+    fn test_clear_accessed_range(&self, ctx: &SimCtx, va: u64, bits: &mut [u64]) {
+        self.live();
+        // One acquisition of the lock every device access takes, for the whole range.
+        ctx.pt.lock().test_clear_accessed_range(va, bits)
+    }
 }
 
 /// A registered simulated device, as open files see it.

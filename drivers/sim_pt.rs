@@ -167,6 +167,25 @@ impl PageTable {
         }
     }
 
+    /// [`PageTable::test_clear_accessed`] for the pages from `va` that `bits` selects (bit
+    /// k of word k / 64: the page at `va + k * 4096`); leaves bit k set if and only if page
+    /// k was selected and accessed. Pages past the end of the address space read as not
+    /// accessed.
+    pub(crate) fn test_clear_accessed_range(&mut self, va: u64, bits: &mut [u64]) {
+        for (w, word) in bits.iter_mut().enumerate() {
+            let (mut left, mut out) = (*word, 0u64);
+            while left != 0 {
+                let b = left.trailing_zeros();
+                left &= left - 1;
+                let page = va.checked_add(((w as u64) * 64 + u64::from(b)) << 12);
+                if page.is_some_and(|v| self.test_clear_accessed(v)) {
+                    out |= 1 << b;
+                }
+            }
+            *word = out;
+        }
+    }
+
     /// How many of the blocks `first..=last` have no leaf.
     fn missing(&self, first: u64, last: u64) -> usize {
         (first..=last).filter(|&b| self.leaf(b).is_none()).count()
@@ -439,7 +458,20 @@ mod tests {
         pt.set(0x20_1000, encode(Target::Frame(3), true)).expect("set");
         assert_eq!((pt.valid, pt.huge, pt.splits), (1 + 512, 0, 2));
         assert_eq!(decode(pt.lookup(0x20_1000)), Some((Target::Frame(3), true)));
-        // A whole-block clear removes a 2 MiB entry without splitting it.
+        // Over a range that crosses into the next block, selected pages only: a touched
+        // page not selected keeps its bit; an unmapped one reads 0.
+        pt.touch(0x20_2000);
+        pt.touch(0x20_3000);
+        pt.touch(0x1f_f000);
+        pt.touch(0x23_f000);
+        // From 0x1f_e000: page 1 is 0x1f_f000 (no entry), page 4 is 0x20_2000 and page 65
+        // 0x23_f000 (touched); page 5, 0x20_3000, is not selected.
+        let mut bits = [(1 << 1) | (1 << 4), 1 << 1];
+        pt.test_clear_accessed_range(0x1f_e000, &mut bits);
+        assert_eq!(bits, [1 << 4, 1 << 1]);
+        assert!(pt.test_clear_accessed(0x20_3000)); // not selected: kept
+        assert!(!pt.test_clear_accessed(0x20_2000)); // selected: cleared
+                                                     // A whole-block clear removes a 2 MiB entry without splitting it.
         pt.set_huge(0x20_0000, encode(Target::Frame(1024), true)).expect("huge");
         pt.set(0x1f_f000, encode(Target::Frame(5), true)).expect("set");
         assert_eq!(pt.clear(0x1f_f000, 514), (1, 1));

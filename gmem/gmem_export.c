@@ -180,5 +180,6 @@ const unsigned long gmem_c_abi_layout[] = {
 	offsetof(struct gmem_dev_ops, copy_async),
 	offsetof(struct gmem_dev_props, nr_channels),
 	offsetof(struct gmem_dev_ops, map_prepare),
+	offsetof(struct gmem_dev_ops, test_clear_accessed_range),
 };
 const unsigned long gmem_c_abi_layout_len = ARRAY_SIZE(gmem_c_abi_layout);

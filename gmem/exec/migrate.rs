@@ -11,7 +11,9 @@
 use crate::abi::{GmemCopy, GmemPte, GMEM_COPY_D2D, GMEM_COPY_D2H, GMEM_COPY_H2D, GMEM_COPY_ZERO};
 use crate::abi::{GMEM_PROT_READ, GMEM_PROT_WRITE, GMEM_PTE_2M};
 use crate::exec::multipath;
-use crate::obj::device::{self as devmod, CDriver, DevStats, Device, DeviceOps, FrameOp, Ops, Owner, F_PREFETCHED};
+use crate::obj::device::{
+    self as devmod, Bits512, CDriver, DevStats, Device, DeviceOps, FrameOp, Ops, Owner, F_PREFETCHED,
+};
 use crate::obj::devices;
 use crate::obj::dmem::{Charge, Limit};
 use crate::obj::fence::Fence;
@@ -64,9 +66,9 @@ pub(crate) fn refusal_errno(r: Refused) -> Error {
     }
 }
 
-/// Counts a prefetched frame as used or wasted, once.
-fn settle_prefetch(dev: &Device, used: bool) {
-    dev.note_prefetch(u64::from(used), u64::from(!used));
+/// Pages a bitmap selects.
+fn ones(bits: &Bits512) -> u64 {
+    bits.iter().map(|w| u64::from(w.count_ones())).sum()
 }
 
 fn device(id: u8) -> Result<Arc<Device>> {
@@ -754,17 +756,17 @@ fn revoke(env: &Env<'_>, p: &Pages, steps: &[Step], devs: &Devs) {
         let (Some(ops), Some(ctx)) = (dev.ops(), space.ctx_if_any(dev)) else { continue };
         // A prefetched page leaves: did the device ever touch it? The frames' flags are read
         // (and cleared: a page is settled once) under one pool lock; the driver is asked
-        // after it (no callback under the pool lock).
+        // after it (no callback under the pool lock), once for the block.
         let r0 = p.range().start;
         let leaving = |st: &&Step| {
             st.a.unmap_dev & (1 << d) != 0 && st.prev.loc() == Loc::Device(d) && st.a.free_frame == Some(d)
         };
-        let prefetched = dev.take_prefetched(steps.iter().filter(leaving).map(|st| (st.i - r0, p.frame(st.i))));
-        for st in steps.iter().filter(leaving) {
-            let k = st.i - r0;
-            if prefetched.get(k / 64).is_some_and(|w| w & (1 << (k % 64)) != 0) {
-                settle_prefetch(dev, ops.test_clear_accessed(ctx, env.region.va(st.i)).unwrap_or(false));
-            }
+        let mut bits = dev.take_prefetched(steps.iter().filter(leaving).map(|st| (st.i - r0, p.frame(st.i))));
+        let asked = ones(&bits);
+        if asked > 0 {
+            ops.test_clear_accessed(ctx, env.region.va(r0), &mut bits);
+            let used = ones(&bits);
+            dev.note_prefetch(used, asked.saturating_sub(used));
         }
         runs(
             steps,

@@ -30,7 +30,7 @@
 use crate::exec::dpriv;
 use crate::exec::migrate::Step;
 use crate::exec::migrate::{self, Env};
-use crate::obj::device::{Ctx, DevStats, Device, DeviceOps, Owner, F_PREFETCHED, F_SPARED};
+use crate::obj::device::{Bits512, Ctx, DevStats, Device, DeviceOps, Owner, F_PREFETCHED, F_SPARED};
 use crate::obj::dmem::Limit;
 use crate::obj::region::Region;
 use crate::obj::region::{adv, ADVICE_RUNS};
@@ -205,38 +205,58 @@ fn evict_pages(
     Ok(freed)
 }
 
-/// Whether the page at `i` (owner frame `frame` on `dev`, with flags `fl`) deserves a
-/// second chance: the device touched it since the last look; or, once, it prefers this
-/// device, or it was prefetched, the device has not touched it yet and prefetch has been
-/// paying on this device (`Device::prefetch_pays`; read-ahead evicted before use is a
-/// wasted transfer and a fetch again: a trace of P4's 2x stream showed the hand, after a
-/// sweep that cleared every reference bit, taking blocks just read ahead).
-/// Either way it is marked referenced.
-fn spare(
-    dev: &Device,
-    region: &Region,
-    ctx: Option<Ctx>,
-    advice: &AdviceMap<ADVICE_RUNS>,
-    i: usize,
-    frame: u32,
-    fl: u8,
-) -> bool {
-    let used = match (ctx, dev.ops()) {
-        (Some(c), Some(ops)) => ops.test_clear_accessed(c, region.va(i)).unwrap_or(false),
-        _ => false,
-    };
-    if used {
-        // Also settles a pending prefetch as used (the accessed bit is consumed here).
-        dev.note_used(frame);
-        return true;
+/// What eviction does with a resident page it considers (owner frame on the device, with
+/// flags `fl`; `touched`: the device's accessed bit, just tested and cleared). A page gets
+/// a second chance if the device touched it since the last look (`Used`: it is marked
+/// referenced, and a pending prefetch settles as used); or, once (`Spared`: marked
+/// referenced and spared), if it prefers this device, or it was prefetched, the device
+/// has not touched it yet and prefetch has been paying on this device
+/// (`Device::prefetch_pays`; read-ahead evicted before use is a wasted transfer and a
+/// fetch again: a trace of P4's 2x stream showed the hand, after a sweep that cleared
+/// every reference bit, taking blocks just read ahead).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    Used,
+    Spared,
+    Evict,
+}
+
+fn verdict(dev: &Device, advice: &AdviceMap<ADVICE_RUNS>, i: usize, fl: u8, touched: bool) -> Verdict {
+    if touched {
+        return Verdict::Used;
     }
     let preferred = adv::preferred(advice.get(i as u64)) == Some(Target::Device(dev.id as u8));
     let unused_prefetch = fl & F_PREFETCHED != 0 && dev.prefetch_pays();
     if (preferred || unused_prefetch) && fl & F_SPARED == 0 {
-        dev.set_flags(frame, F_REF | F_SPARED);
-        return true;
+        Verdict::Spared
+    } else {
+        Verdict::Evict
     }
-    false
+}
+
+/// The device's accessed bits of the pages `(k, _)` of `pages` (k: the page's index in the
+/// block at `va`), tested and cleared in one driver call; all clear without a context or
+/// a driver.
+fn touched(dev: &Device, ctx: Option<Ctx>, va: u64, pages: impl Iterator<Item = usize>) -> Bits512 {
+    let mut bits: Bits512 = [0; 8];
+    for k in pages {
+        set_bit(&mut bits, k);
+    }
+    match (ctx, dev.ops()) {
+        (Some(c), Some(ops)) if bits != [0; 8] => ops.test_clear_accessed(c, va, &mut bits),
+        _ => bits = [0; 8],
+    }
+    bits
+}
+
+fn set_bit(bits: &mut Bits512, k: usize) {
+    if let Some(w) = bits.get_mut(k / 64) {
+        *w |= 1 << (k % 64);
+    }
+}
+
+fn bit(bits: &Bits512, k: usize) -> bool {
+    bits.get(k / 64).is_some_and(|w| w & (1 << (k % 64)) != 0)
 }
 
 /// Eviction within a dmem cgroup at its limit: the pool, and the process whose allocation
@@ -251,6 +271,13 @@ pub(crate) struct Within<'a> {
 /// 2 MiB block of one region) and the cold rest of their block (with `limit`, only frames
 /// charged within it) as one batch; returns frames freed, or `ENOMEM` (with the count so
 /// far lost to the caller's early stop) when the host is full.
+///
+/// The block's pages are looked at in two rounds, the seeds then the rest of the block,
+/// each with one acquisition of the pool lock for the frames' flags and one driver call
+/// for the accessed bits (not one per page: the device's page-table lock is the one its
+/// compute takes for every access, and a profile of P4's 2x stream found the evictor
+/// spinning on it a fifth of its time). A page past what the caller needs had its
+/// accessed bit cleared too: if set, it is kept as the frame's referenced bit.
 fn evict_victims(
     dev: &Device,
     seeds: &[(u32, &Owner)],
@@ -271,11 +298,15 @@ fn evict_victims(
     // The device's context for this region's space, looked up once for the whole batch.
     let ctx = region.space.ctx_if_any(dev);
     let (first, last) = (p.range().start, p.range().end);
-    let mut idx: KVec<usize> = KVec::with_capacity(migrate::BATCH_PAGES, GFP_KERNEL)?;
+    let va = region.va(first);
+    // The seeds that still hold their frame here, as owner or as a duplicate (a seed
+    // per page at most).
+    let mut picked: KVec<(usize, u32, bool)> = KVec::with_capacity(seeds.len(), GFP_KERNEL)?;
+    let mut seen: Bits512 = [0; 8];
     for &(frame, w) in seeds {
         let i = w.page as usize;
         // The caller groups by block, so every seed lies in this one (checked anyway).
-        if !Arc::ptr_eq(&w.region, region) || !(first..last).contains(&i) {
+        if !Arc::ptr_eq(&w.region, region) || !(first..last).contains(&i) || bit(&seen, i - first) {
             continue;
         }
         let s = p.state(i);
@@ -283,37 +314,81 @@ fn evict_victims(
         if !owner && p.dup_frame(i, d) != Some(frame) {
             continue;
         }
-        if owner && spare(dev, region, ctx, &advice, i, frame, dev.flags(frame)) {
-            continue;
-        }
-        idx.push(i, GFP_KERNEL)?;
+        set_bit(&mut seen, i - first);
+        picked.push((i, frame, owner), GFP_KERNEL)?;
     }
+    let mut idx: KVec<usize> = KVec::with_capacity(migrate::BATCH_PAGES, GFP_KERNEL)?;
+    // Frames to mark used, and spared, after the decisions (one pool lock each).
+    let (mut used, mut spared): (KVec<u32>, KVec<u32>) = (KVec::new(), KVec::new());
+    let owned = |x: &&(usize, u32, bool)| x.2;
+    let frames: KVec<u32> = collect(picked.iter().filter(owned).map(|x| x.1))?;
+    let mut fls = KVec::new();
+    fls.extend_with(frames.len(), None, GFP_KERNEL)?;
+    dev.flags_of(&frames, None, &mut fls);
+    let hit = touched(dev, ctx, va, picked.iter().filter(owned).map(|x| x.0 - first));
+    let mut fl = fls.iter();
+    for &(i, frame, owner) in picked.iter() {
+        let v = if owner {
+            verdict(dev, &advice, i, fl.next().copied().flatten().unwrap_or(0), bit(&hit, i - first))
+        } else {
+            Verdict::Evict
+        };
+        match v {
+            Verdict::Used => used.push(frame, GFP_KERNEL)?,
+            Verdict::Spared => spared.push(frame, GFP_KERNEL)?,
+            Verdict::Evict => idx.push(i, GFP_KERNEL)?,
+        }
+    }
+    // The cold rest of the block goes along, while the caller still needs frames: pages
+    // owned here, not pinned, evictable within `limit`, not referenced.
+    let room = budget.max(idx.len());
+    if !idx.is_empty() && idx.len() < room {
+        let mut rest: KVec<(usize, u32)> = KVec::with_capacity(last - first, GFP_KERNEL)?;
+        for j in first..last {
+            let sj = p.state(j);
+            if !bit(&seen, j - first) && sj.loc() == Loc::Device(d) && !sj.pinned() {
+                rest.push((j, p.frame(j)), GFP_KERNEL)?;
+            }
+        }
+        let frames: KVec<u32> = collect(rest.iter().map(|x| x.1))?;
+        fls.clear();
+        fls.extend_with(frames.len(), None, GFP_KERNEL)?;
+        dev.flags_of(&frames, Some(limit), &mut fls);
+        let cold = |k: usize| fls.get(k).copied().flatten().filter(|fl| fl & F_REF == 0);
+        let hit = touched(dev, ctx, va, (0..rest.len()).filter(|&k| cold(k).is_some()).map(|k| rest[k].0 - first));
+        for (k, &(j, fj)) in rest.iter().enumerate() {
+            let Some(fl) = cold(k) else { continue };
+            let t = bit(&hit, j - first);
+            let v = if idx.len() < room {
+                verdict(dev, &advice, j, fl, t)
+            } else if t {
+                Verdict::Used
+            } else {
+                continue;
+            };
+            match v {
+                Verdict::Used => used.push(fj, GFP_KERNEL)?,
+                Verdict::Spared => spared.push(fj, GFP_KERNEL)?,
+                Verdict::Evict => idx.push(j, GFP_KERNEL)?,
+            }
+        }
+    }
+    dev.note_used(&used);
+    dev.set_flags_of(&spared, F_REF | F_SPARED);
     if idx.is_empty() {
         return Ok(0);
-    }
-    // The cold rest of the block goes along, while the caller still needs frames.
-    let chosen = idx.len();
-    for j in first..last {
-        if idx.len() >= budget.max(chosen) {
-            break;
-        }
-        if idx[..chosen].contains(&j) {
-            continue;
-        }
-        let sj = p.state(j);
-        if sj.loc() != Loc::Device(d) || sj.pinned() {
-            continue;
-        }
-        let fj = p.frame(j);
-        let Some(fl) = dev.flags_if_evictable(fj, limit) else { continue };
-        if fl & F_REF != 0 || spare(dev, region, ctx, &advice, j, fj, fl) {
-            continue;
-        }
-        idx.push(j, GFP_KERNEL)?;
     }
     // In page order, as the executor wants.
     idx.sort_unstable();
     evict_pages(dev, region, &mut p, &idx, peer)
+}
+
+fn collect(it: impl Iterator<Item = u32>) -> Result<KVec<u32>> {
+    let mut v = KVec::new();
+    for x in it {
+        v.push(x, GFP_KERNEL)?;
+    }
+    Ok(v)
 }
 
 /// Frees at least `want` frames on `dev` if that many are evictable — `within` a dmem

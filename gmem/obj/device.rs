@@ -96,11 +96,15 @@ pub(crate) trait DeviceOps: Send + Sync {
     fn frame_page(&self, _frame: u64) -> Option<*mut bindings::page> {
         build_error!(VTABLE_DEFAULT_ERROR)
     }
-    /// Tests and clears the device's accessed bit of one PTE; `None` if not supported.
-    fn test_clear_accessed(&self, _ctx: Ctx, _va: u64) -> Option<bool> {
-        build_error!(VTABLE_DEFAULT_ERROR)
-    }
+    /// Tests and clears the device's accessed bits of the pages from `va` that `bits`
+    /// selects (bit k: the page at `va + k * 4096`, up to 512 pages); on return bit k is
+    /// set if and only if page k was selected and the device touched it. A device without
+    /// accessed bits answers 0 for every page.
+    fn test_clear_accessed(&self, ctx: Ctx, va: u64, bits: &mut Bits512);
 }
+
+/// One bit per page of a 2 MiB block (bit k: word k / 64, bit k % 64).
+pub(crate) type Bits512 = [u64; 8];
 
 /// A C driver's vtable.
 ///
@@ -256,10 +260,34 @@ impl DeviceOps for CDriver {
         (!p.is_null()).then_some(p)
     }
 
-    fn test_clear_accessed(&self, ctx: Ctx, va: u64) -> Option<bool> {
-        let f = self.ops().test_clear_accessed?;
-        // SAFETY: optional callback present; `ctx` is a live context of this driver.
-        Some(unsafe { f(self.drv, ctx.0, va) } > 0)
+    fn test_clear_accessed(&self, ctx: Ctx, va: u64, bits: &mut Bits512) {
+        // Pages up to the last one selected (none: nothing to ask).
+        let Some(npages) =
+            (0..bits.len()).rev().find(|&w| bits[w] != 0).map(|w| 64 * w + 64 - bits[w].leading_zeros() as usize)
+        else {
+            return;
+        };
+        let o = self.ops();
+        if let Some(f) = o.test_clear_accessed_range {
+            // SAFETY: optional callback present; `ctx` is a live context of this driver;
+            // `bits` holds a word per 64 of the `npages` (at most 512) pages and is ours
+            // during the call.
+            if unsafe { f(self.drv, ctx.0, va, npages as u32, bits.as_mut_ptr()) } < 0 {
+                *bits = [0; 8];
+            }
+            return;
+        }
+        let Some(f) = o.test_clear_accessed else {
+            *bits = [0; 8];
+            return;
+        };
+        for k in 0..npages {
+            let (w, b) = (k / 64, 1u64 << (k % 64));
+            // SAFETY: optional callback present; `ctx` is a live context of this driver.
+            if bits[w] & b != 0 && unsafe { f(self.drv, ctx.0, va + ((k as u64) << 12)) } <= 0 {
+                bits[w] &= !b;
+            }
+        }
     }
 }
 
@@ -1006,23 +1034,24 @@ impl Device {
         settled
     }
 
-    /// The device used the frame's page (accessed bit seen): a second chance, and a pending
-    /// prefetch of it counts as used.
-    pub(crate) fn note_used(&self, frame: u32) {
-        let was_prefetched = {
-            let mut pool = self.pool();
-            match pool.flags.get_mut(frame as usize) {
-                Some(f) => {
-                    let p = *f & F_PREFETCHED != 0;
-                    *f = (*f | F_REF) & !F_PREFETCHED;
-                    p
-                }
-                None => false,
-            }
-        };
-        if was_prefetched {
-            self.note_prefetch(1, 0);
+    /// The device used the pages of `frames` (accessed bits seen): a second chance, and a
+    /// pending prefetch of one counts as used. One acquisition of the pool lock (none for
+    /// no frame).
+    pub(crate) fn note_used(&self, frames: &[u32]) {
+        if frames.is_empty() {
+            return;
         }
+        let mut prefetched = 0;
+        {
+            let mut pool = self.pool();
+            for &frame in frames {
+                if let Some(f) = pool.flags.get_mut(frame as usize) {
+                    prefetched += u64::from(*f & F_PREFETCHED != 0);
+                    *f = (*f | F_REF) & !F_PREFETCHED;
+                }
+            }
+        }
+        self.note_prefetch(prefetched, 0);
     }
 
     /// Counts prefetched pages that settled: `used` by the device, `wasted` (evicted or
@@ -1056,17 +1085,19 @@ impl Device {
         self.set_flags_of(&[frame], set);
     }
 
-    /// `frame`'s flags if it may go in an eviction for `limit` (its charge lies within that
-    /// pool) or, without one, for the full device (its cgroup's `dmem.min` does not protect
-    /// it); `None` if not (one acquisition of the pool lock).
-    pub(crate) fn flags_if_evictable(&self, frame: u32, limit: Option<&Limit>) -> Option<u8> {
+    /// The flags of `frames` into `out` (as long), under one acquisition of the pool lock
+    /// (none for no frame). With `evictable: Some(limit)`, `None` for a frame that may not
+    /// go in an eviction for `limit` (its charge lies outside that pool) or, without one,
+    /// for the full device (its cgroup's `dmem.min` protects it).
+    pub(crate) fn flags_of(&self, frames: &[u32], evictable: Option<Option<&Limit>>, out: &mut [Option<u8>]) {
+        if frames.is_empty() {
+            return;
+        }
         let pool = self.pool();
-        let c = pool.charges.get(frame as usize)?;
-        eligible(c, limit, true).then(|| pool.flags.get(frame as usize).copied().unwrap_or(0))
-    }
-
-    pub(crate) fn flags(&self, frame: u32) -> u8 {
-        self.pool().flags.get(frame as usize).copied().unwrap_or(0)
+        for (&f, o) in frames.iter().zip(out.iter_mut()) {
+            let ok = evictable.is_none_or(|l| pool.charges.get(f as usize).is_some_and(|c| eligible(c, l, true)));
+            *o = if ok { Some(pool.flags.get(f as usize).copied().unwrap_or(0)) } else { None };
+        }
     }
 
     /// Up to `n` victims in replacement order, with who holds them: with a `limit`, only

@@ -129,6 +129,7 @@ mod tests {
         test_clear_accessed: None,
         copy_async: None,
         map_prepare: None,
+        test_clear_accessed_range: None,
     };
 
     #[test]
@@ -218,6 +219,7 @@ mod tests {
             test_clear_accessed: None,
             copy_async: None,
             map_prepare: None,
+            test_clear_accessed_range: None,
         };
         let mut p = props(1);
         // Capabilities: unknown bits are refused; so are copy channels without `copy_async`

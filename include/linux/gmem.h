@@ -38,11 +38,12 @@
  * &gmem_dev_props.caps); 4: asynchronous copies (&gmem_dev_ops.copy_async,
  * &gmem_dev_props.nr_channels, gmem_fence_signal()); 5: process memory outside GMEM
  * regions (&gmem_dev_ops.map_prepare, %GMEM_PTE_SYSMEM); 6: %GMEM_PTE_SYSMEM entries may
- * name a frame (process memory migrated to the device). &struct gmem_dev_ops has no size
+ * name a frame (process memory migrated to the device); 7: the ops gained
+ * @test_clear_accessed_range. &struct gmem_dev_ops has no size
  * field: the version stands for its length, so any growth of the table bumps it.
  * Registration refuses other versions.
  */
-#define GMEM_DRIVER_ABI_VERSION 6
+#define GMEM_DRIVER_ABI_VERSION 7
 
 struct page;
 struct gmem_dev;
@@ -198,12 +199,20 @@ struct gmem_copy {
  *	unmapped. Pages under a 2 MiB entry answer one by one (hardware with one bit per
  *	2 MiB entry shadows it per page). Feeds replacement (second chance) and prefetch
  *	accounting; without it gmem sees only accesses that fault.
+ * @test_clear_accessed_range: optional: the same for up to 512 pages at once: the
+ *	@npages pages from @va (page aligned; the range may cross a 2 MiB boundary). On
+ *	entry bit k of @bits (word k / 64, bit k % 64; (@npages + 63) / 64 words) selects
+ *	page k; each selected page's bit is tested and cleared, and on return bit k is set
+ *	if and only if page k was selected and touched. Pages not selected keep their
+ *	accessed bits. 0, or a negative errno (gmem then reads every bit as 0). gmem uses
+ *	it instead of @test_clear_accessed when both are there: one call (one page-table
+ *	lock) per 2 MiB block eviction considers.
  *
  * Every callback gets the @drv of &struct gmem_dev_props first. Every callback may sleep,
  * is never called with a spinlock held, may run concurrently with any other (for other
  * pages, spaces and devices) and from any task, and must not call into gmem (but for
- * gmem_fence_signal()). All but @frame_page, @test_clear_accessed, @copy_async and
- * @map_prepare are mandatory.
+ * gmem_fence_signal()). All but @frame_page, @test_clear_accessed,
+ * @test_clear_accessed_range, @copy_async and @map_prepare are mandatory.
  */
 struct gmem_dev_ops {
 	int (*ctx_create)(void *drv, void **ctx);
@@ -217,6 +226,7 @@ struct gmem_dev_ops {
 	int (*copy_async)(void *drv, __u32 chan, __u32 dir, const struct gmem_copy *c, __u32 n,
 			  void *peer_drv, struct gmem_fence *fence);
 	int (*map_prepare)(void *drv, void *ctx, __u64 va, __u64 npages);
+	int (*test_clear_accessed_range)(void *drv, void *ctx, __u64 va, __u32 npages, __u64 *bits);
 };
 
 /**

@@ -340,6 +340,15 @@ pub trait Driver: Send + Sync + Sized + 'static {
     fn test_clear_accessed(&self, _ctx: &Self::Context, _va: u64) -> bool {
         build_error!(VTABLE_DEFAULT_ERROR)
     }
+
+    /// Optional: the same for the pages from `va` that `bits` selects (bit k: page k, the
+    /// page at `va + k * 4096`; `bits` has a bit for each of the up to 512 pages): each
+    /// selected page's accessed bit is tested and cleared, and on return bit k is set if
+    /// and only if page k was selected and touched. gmem prefers it to
+    /// [`Driver::test_clear_accessed`]: one call per 2 MiB block.
+    fn test_clear_accessed_range(&self, _ctx: &Self::Context, _va: u64, _bits: &mut [u64]) {
+        build_error!(VTABLE_DEFAULT_ERROR)
+    }
 }
 
 /// What gmem's `drv` pointer points at: the driver's data, tagged with its type. gmem tells
@@ -373,6 +382,11 @@ impl<T: Driver> Adapter<T> {
         test_clear_accessed: if T::HAS_TEST_CLEAR_ACCESSED { Some(Self::test_clear_accessed) } else { None },
         copy_async: if T::HAS_COPY_ASYNC { Some(Self::copy_async) } else { None },
         map_prepare: if T::HAS_MAP_PREPARE { Some(Self::map_prepare) } else { None },
+        test_clear_accessed_range: if T::HAS_TEST_CLEAR_ACCESSED_RANGE {
+            Some(Self::test_clear_accessed_range)
+        } else {
+            None
+        },
     };
     /// The table as a `'static` reference (the constant is promoted; the compiler checks).
     const OPS_REF: &'static GmemDevOps = &Self::OPS;
@@ -602,7 +616,41 @@ impl<T: Driver> Adapter<T> {
         let (d, c) = unsafe { (Self::data(drv), Self::context(ctx)) };
         c_int::from(d.test_clear_accessed(c, va))
     }
+
+    /// `gmem_dev_ops.test_clear_accessed_range` of `T`.
+    ///
+    /// # Safety
+    /// Called by gmem only, as `include/linux/gmem.h` documents: `drv` is a live registration
+    /// of `T`, a context argument is one of its live contexts, `bits` holds
+    /// `(npages + 63) / 64` words that nothing else accesses during the call.
+    unsafe extern "C" fn test_clear_accessed_range(
+        drv: *mut c_void,
+        ctx: *mut c_void,
+        va: u64,
+        npages: u32,
+        bits: *mut u64,
+    ) -> c_int {
+        if npages > MAX_RANGE_PAGES || bits.is_null() {
+            return EINVAL.to_errno();
+        }
+        // SAFETY: gmem passes our `drv` and a live context of ours.
+        let (d, c) = unsafe { (Self::data(drv), Self::context(ctx)) };
+        // SAFETY: `bits` holds a word per 64 pages, exclusively ours during the call (see
+        // above); at most 8 words (checked).
+        let words = unsafe { core::slice::from_raw_parts_mut(bits, npages.div_ceil(64) as usize) };
+        // Bits past `npages` in the last word select nothing.
+        if let Some(last) = words.last_mut() {
+            if npages % 64 != 0 {
+                *last &= (1u64 << (npages % 64)) - 1;
+            }
+        }
+        d.test_clear_accessed_range(c, va, words);
+        0
+    }
 }
+
+/// Most pages one `test_clear_accessed_range` call covers (a 2 MiB block).
+const MAX_RANGE_PAGES: u32 = 512;
 
 // The C functions of gmem.ko this binding wraps (`include/linux/gmem.h`).
 extern "C" {
