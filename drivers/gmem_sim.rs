@@ -238,7 +238,7 @@ impl gmem::Driver for SimDev {
     }
 
     fn ctx_destroy(&self, ctx: Pin<KBox<SimCtx>>) {
-        let pt = ctx.pt.lock();
+        let pt = ctx.manage();
         self.live().ptes.fetch_sub(pt.valid, Ordering::Relaxed);
         self.ptes_2m.fetch_sub(pt.huge, Ordering::Relaxed);
     }
@@ -253,7 +253,7 @@ impl gmem::Driver for SimDev {
                 ctx.prepare(p.va(), 1)?;
             }
         }
-        let mut pt = ctx.pt.lock();
+        let mut pt = ctx.manage();
         let before = (pt.valid, pt.huge, pt.splits);
         let r = ptes.iter().try_for_each(|p| self.live().map_one(&mut pt, p));
         // Entries set before a failure stay set: count them either way.
@@ -267,7 +267,7 @@ impl gmem::Driver for SimDev {
     }
 
     fn unmap(&self, ctx: &SimCtx, va: u64, npages: u64) {
-        let mut pt = ctx.pt.lock();
+        let mut pt = ctx.manage();
         let before = (pt.valid, pt.huge, pt.splits);
         pt.clear(va, npages);
         self.live().count_ptes(before, (pt.valid, pt.huge, pt.splits));
@@ -293,13 +293,13 @@ impl gmem::Driver for SimDev {
 
     fn test_clear_accessed(&self, ctx: &SimCtx, va: u64) -> bool {
         self.live();
-        ctx.pt.lock().test_clear_accessed(va)
+        ctx.manage().test_clear_accessed(va)
     }
 
     fn test_clear_accessed_range(&self, ctx: &SimCtx, va: u64, bits: &mut [u64]) {
         self.live();
         // One acquisition of the lock every device access takes, for the whole range.
-        ctx.pt.lock().test_clear_accessed_range(va, bits)
+        ctx.manage().test_clear_accessed_range(va, bits)
     }
 }
 

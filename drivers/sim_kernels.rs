@@ -193,7 +193,7 @@ impl<'a, 's> Runner<'a, 's> {
         for _pass in 0..MAX_REPLAYS * 64 {
             checkpoint(self.session)?;
             {
-                let pt = self.ctx.pt.lock();
+                let pt = self.ctx.access();
                 for va in pages.clone() {
                     if !pt.present(va, write, &self.dev.pool) {
                         buf.addrs.push(va, GFP_KERNEL)?;
@@ -224,7 +224,7 @@ impl<'a, 's> Runner<'a, 's> {
         let pool = &self.dev.pool;
         for _ in 0..MAX_REPLAYS {
             {
-                let mut pt = self.ctx.pt.lock();
+                let mut pt = self.ctx.access();
                 let hit1 = pt.present(va, write, pool);
                 let hit2 = va2.map(|(v, w)| pt.present(v, w, pool));
                 if hit1 {

@@ -11,9 +11,7 @@
 use crate::abi::{GmemCopy, GmemPte, GMEM_COPY_D2D, GMEM_COPY_D2H, GMEM_COPY_H2D, GMEM_COPY_ZERO};
 use crate::abi::{GMEM_PROT_READ, GMEM_PROT_WRITE, GMEM_PTE_2M};
 use crate::exec::multipath;
-use crate::obj::device::{
-    self as devmod, Bits512, CDriver, DevStats, Device, DeviceOps, FrameOp, Ops, Owner, F_PREFETCHED,
-};
+use crate::obj::device::{self as devmod, CDriver, DevStats, Device, DeviceOps, FrameOp, Ops, Owner, F_PREFETCHED};
 use crate::obj::devices;
 use crate::obj::dmem::{Charge, Limit};
 use crate::obj::fence::Fence;
@@ -64,11 +62,6 @@ pub(crate) fn refusal_errno(r: Refused) -> Error {
         Refused::Lost => EIO,
         _ => EBUSY,
     }
-}
-
-/// Pages a bitmap selects.
-fn ones(bits: &Bits512) -> u64 {
-    bits.iter().map(|w| u64::from(w.count_ones())).sum()
 }
 
 fn device(id: u8) -> Result<Arc<Device>> {
@@ -762,11 +755,21 @@ fn revoke(env: &Env<'_>, p: &Pages, steps: &[Step], devs: &Devs) {
             st.a.unmap_dev & (1 << d) != 0 && st.prev.loc() == Loc::Device(d) && st.a.free_frame == Some(d)
         };
         let mut bits = dev.take_prefetched(steps.iter().filter(leaving).map(|st| (st.i - r0, p.frame(st.i))));
-        let asked = ones(&bits);
-        if asked > 0 {
+        if bits != [0; 8] {
+            let asked = bits;
             ops.test_clear_accessed(ctx, env.region.va(r0), &mut bits);
-            let used = ones(&bits);
-            dev.note_prefetch(used, asked.saturating_sub(used));
+            // Settled page by page in page order, as before the bits came per block: the
+            // accuracy estimate caps each update, so one update for the block would weigh
+            // used and wasted pages differently.
+            for (&a, &u) in asked.iter().zip(bits.iter()) {
+                let mut left = a;
+                while left != 0 {
+                    let b = left.trailing_zeros();
+                    left &= left - 1;
+                    let used = u & (1 << b) != 0;
+                    dev.note_prefetch(u64::from(used), u64::from(!used));
+                }
+            }
         }
         runs(
             steps,

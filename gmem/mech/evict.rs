@@ -205,22 +205,24 @@ fn evict_pages(
     Ok(freed)
 }
 
-/// What eviction does with a resident page it considers (owner frame on the device, with
-/// flags `fl`; `touched`: the device's accessed bit, just tested and cleared). A page gets
-/// a second chance if the device touched it since the last look (`Used`: it is marked
-/// referenced, and a pending prefetch settles as used); or, once (`Spared`: marked
-/// referenced and spared), if it prefers this device, or it was prefetched, the device
-/// has not touched it yet and prefetch has been paying on this device
-/// (`Device::prefetch_pays`; read-ahead evicted before use is a wasted transfer and a
-/// fetch again: a trace of P4's 2x stream showed the hand, after a sweep that cleared
-/// every reference bit, taking blocks just read ahead).
+/// What eviction does with a resident page it considers.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Verdict {
+    /// The device touched it: a second chance (marked referenced; a pending prefetch of
+    /// it settles as used).
     Used,
+    /// Spared once: marked referenced and spared.
     Spared,
     Evict,
 }
 
+/// The verdict on page `i` (owner frame on `dev`, with flags `fl`; `touched`: the
+/// device's accessed bit, just tested and cleared). A page gets a second chance if the
+/// device touched it since the last look; or, once, if it prefers this device, or it was
+/// prefetched, the device has not touched it yet and prefetch has been paying on this
+/// device (`Device::prefetch_pays`, as of the start of the round; read-ahead evicted
+/// before use is a wasted transfer and a fetch again: a trace of P4's 2x stream showed the
+/// hand, after a sweep that cleared every reference bit, taking blocks just read ahead).
 fn verdict(dev: &Device, advice: &AdviceMap<ADVICE_RUNS>, i: usize, fl: u8, touched: bool) -> Verdict {
     if touched {
         return Verdict::Used;
@@ -234,9 +236,9 @@ fn verdict(dev: &Device, advice: &AdviceMap<ADVICE_RUNS>, i: usize, fl: u8, touc
     }
 }
 
-/// The device's accessed bits of the pages `(k, _)` of `pages` (k: the page's index in the
-/// block at `va`), tested and cleared in one driver call; all clear without a context or
-/// a driver.
+/// The device's accessed bits of the pages `pages` (indices in the block at `va`), tested
+/// and cleared (one driver call if the driver has `test_clear_accessed_range`); all clear
+/// without a context or a driver.
 fn touched(dev: &Device, ctx: Option<Ctx>, va: u64, pages: impl Iterator<Item = usize>) -> Bits512 {
     let mut bits: Bits512 = [0; 8];
     for k in pages {
@@ -325,6 +327,10 @@ fn evict_victims(
     let mut fls = KVec::new();
     fls.extend_with(frames.len(), None, GFP_KERNEL)?;
     dev.flags_of(&frames, None, &mut fls);
+    // Room for every outcome before the bits are read: nothing after the driver call can
+    // fail, so no bit it cleared is lost.
+    used.reserve(picked.len(), GFP_KERNEL)?;
+    spared.reserve(picked.len(), GFP_KERNEL)?;
     let hit = touched(dev, ctx, va, picked.iter().filter(owned).map(|x| x.0 - first));
     let mut fl = fls.iter();
     for &(i, frame, owner) in picked.iter() {
@@ -333,11 +339,7 @@ fn evict_victims(
         } else {
             Verdict::Evict
         };
-        match v {
-            Verdict::Used => used.push(frame, GFP_KERNEL)?,
-            Verdict::Spared => spared.push(frame, GFP_KERNEL)?,
-            Verdict::Evict => idx.push(i, GFP_KERNEL)?,
-        }
+        keep(v, i, frame, &mut idx, &mut used, &mut spared);
     }
     // The cold rest of the block goes along, while the caller still needs frames: pages
     // owned here, not pinned, evictable within `limit`, not referenced.
@@ -354,6 +356,8 @@ fn evict_victims(
         fls.clear();
         fls.extend_with(frames.len(), None, GFP_KERNEL)?;
         dev.flags_of(&frames, Some(limit), &mut fls);
+        used.reserve(rest.len(), GFP_KERNEL)?;
+        spared.reserve(rest.len(), GFP_KERNEL)?;
         let cold = |k: usize| fls.get(k).copied().flatten().filter(|fl| fl & F_REF == 0);
         let hit = touched(dev, ctx, va, (0..rest.len()).filter(|&k| cold(k).is_some()).map(|k| rest[k].0 - first));
         for (k, &(j, fj)) in rest.iter().enumerate() {
@@ -366,11 +370,7 @@ fn evict_victims(
             } else {
                 continue;
             };
-            match v {
-                Verdict::Used => used.push(fj, GFP_KERNEL)?,
-                Verdict::Spared => spared.push(fj, GFP_KERNEL)?,
-                Verdict::Evict => idx.push(j, GFP_KERNEL)?,
-            }
+            keep(v, j, fj, &mut idx, &mut used, &mut spared);
         }
     }
     dev.note_used(&used);
@@ -381,6 +381,16 @@ fn evict_victims(
     // In page order, as the executor wants.
     idx.sort_unstable();
     evict_pages(dev, region, &mut p, &idx, peer)
+}
+
+/// Records a verdict on page `i` (frame `frame`) in lists with room reserved for it (`idx`
+/// has room for a block's pages).
+fn keep(v: Verdict, i: usize, frame: u32, idx: &mut KVec<usize>, used: &mut KVec<u32>, spared: &mut KVec<u32>) {
+    let _ = match v {
+        Verdict::Used => used.push_within_capacity(frame).map_err(|_| ()),
+        Verdict::Spared => spared.push_within_capacity(frame).map_err(|_| ()),
+        Verdict::Evict => idx.push_within_capacity(i).map_err(|_| ()),
+    };
 }
 
 fn collect(it: impl Iterator<Item = u32>) -> Result<KVec<u32>> {

@@ -720,6 +720,9 @@ impl Device {
 
     /// Sets `set` in the flags of each of `frames` (one acquisition of the pool lock).
     pub(crate) fn set_flags_of(&self, frames: &[u32], set: u8) {
+        if frames.is_empty() {
+            return;
+        }
         let mut pool = self.pool();
         let FramePool { flags, pinned, lent, sysmem, .. } = &mut *pool;
         for &frame in frames {
@@ -1051,7 +1054,10 @@ impl Device {
                 }
             }
         }
-        self.note_prefetch(prefetched, 0);
+        // One page at a time, as the accuracy estimate wants (it caps each update).
+        for _ in 0..prefetched {
+            self.note_prefetch(1, 0);
+        }
     }
 
     /// Counts prefetched pages that settled: `used` by the device, `wasted` (evicted or

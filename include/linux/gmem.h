@@ -205,8 +205,8 @@ struct gmem_copy {
  *	page k; each selected page's bit is tested and cleared, and on return bit k is set
  *	if and only if page k was selected and touched. Pages not selected keep their
  *	accessed bits. 0, or a negative errno (gmem then reads every bit as 0). gmem uses
- *	it instead of @test_clear_accessed when both are there: one call (one page-table
- *	lock) per 2 MiB block eviction considers.
+ *	it instead of @test_clear_accessed when both are there: one or two calls (one
+ *	page-table lock each) per 2 MiB block eviction considers.
  *
  * Every callback gets the @drv of &struct gmem_dev_props first. Every callback may sleep,
  * is never called with a spinlock held, may run concurrently with any other (for other

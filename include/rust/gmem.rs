@@ -345,7 +345,7 @@ pub trait Driver: Send + Sync + Sized + 'static {
     /// page at `va + k * 4096`; `bits` has a bit for each of the up to 512 pages): each
     /// selected page's accessed bit is tested and cleared, and on return bit k is set if
     /// and only if page k was selected and touched. gmem prefers it to
-    /// [`Driver::test_clear_accessed`]: one call per 2 MiB block.
+    /// [`Driver::test_clear_accessed`]: one or two calls per 2 MiB block.
     fn test_clear_accessed_range(&self, _ctx: &Self::Context, _va: u64, _bits: &mut [u64]) {
         build_error!(VTABLE_DEFAULT_ERROR)
     }

@@ -12,7 +12,8 @@
 //! `GMEM-PROF self` lines, per symbol and task (trailing `:N`/`/N` of kworker names cut),
 //! and `GMEM-PROF spin` lines: for samples in a lock's spin or slow path, the first frame
 //! of the call chain outside the locking code (the guest kernel unwinds by guessing, so
-//! call chains can hold stale addresses: the first one is usually, not always, the caller).
+//! call chains can hold stale addresses: the first one is usually, not always, the caller,
+//! and the next ones tell which).
 //!
 //! Diagnostics only: sampling costs guest CPU (under TCG, about 1 % at 4 kHz), so never
 //! read timings of a profiled run as results.
@@ -25,6 +26,8 @@ const PERIOD_NS: u64 = 250_000;
 /// Data pages of each ring buffer (a power of two): 4 MiB, a 2 s run at 2 kB per sample.
 const RING_PAGES: usize = 1024;
 const PAGE: usize = 4096;
+/// Frames of a spin's call chain shown (the first outside the locking code and the next).
+const CALLERS: usize = 3;
 
 /// `struct perf_event_attr` up to `PERF_ATTR_SIZE_VER1` (72 bytes; the kernel takes older
 /// sizes and zero-extends them).
@@ -294,8 +297,17 @@ pub fn report() {
         *by_task.entry(t.clone()).or_default() += 1;
         let sym = symbol(&syms, s.ip).to_string();
         if locking(&sym) {
-            let caller =
-                s.chain.iter().skip(1).map(|&a| symbol(&syms, a)).find(|c| !locking(c)).unwrap_or("?").to_string();
+            // The first few distinct frames outside the locking code.
+            let mut callers: Vec<&str> = Vec::new();
+            for c in s.chain.iter().skip(1).map(|&a| symbol(&syms, a)).filter(|c| !locking(c)) {
+                if callers.len() == CALLERS {
+                    break;
+                }
+                if !callers.contains(&c) {
+                    callers.push(c);
+                }
+            }
+            let caller = if callers.is_empty() { "?".to_string() } else { callers.join(" < ") };
             *spins.entry((t.clone(), sym.clone(), caller)).or_default() += 1;
         }
         *selfs.entry((t, sym)).or_default() += 1;
