@@ -99,7 +99,7 @@ fn device_depth(dev: &Device, r: &Region, at: usize) -> usize {
 
 /// A region's identity for `Device::stream_of` (compared only, never dereferenced).
 fn region_id(r: &Arc<Region>) -> usize {
-    Arc::as_ptr(r) as usize
+    Device::stream_id(r)
 }
 
 /// The lane flag of the block at `block_va` among `lanes`.

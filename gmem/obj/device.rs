@@ -22,7 +22,7 @@ use crate::abi::GMEM_MAX_CHANNELS;
 use crate::abi::{GmemCopy, GmemDevOps, GmemDevProps, GmemPte, GMEM_DEV_CAP_MAP_2M, GMEM_DRIVER_ABI_VERSION};
 use crate::obj::dmem::{self, Charge, Limit};
 use crate::obj::dpriv::Pagemap;
-use crate::obj::region::Region;
+use crate::obj::region::{Region, BLOCK_BYTES, BLOCK_PAGES};
 use crate::policy::evict::{self as order, Clock, F_CLEAN, F_LENT, F_PINNED, F_REF, F_USED};
 use crate::policy::frames::{FrameMap, CHUNK_FRAMES};
 use crate::policy::paths;
@@ -1085,6 +1085,22 @@ impl Device {
     /// The running prefetch accuracy estimate, in percent (debugfs).
     pub(crate) fn prefetch_accuracy_pct(&self) -> u32 {
         Accuracy(self.prefetch_accuracy.load(Ordering::Relaxed)).percent()
+    }
+
+    /// A region's identity for [`Device::stream_of`] (compared only, never dereferenced).
+    pub(crate) fn stream_id(r: &Arc<Region>) -> usize {
+        Arc::as_ptr(r) as usize
+    }
+
+    /// Whether the block at `block_va` of `r` lies in the read-ahead window: between the
+    /// block the device last read in (`stream_at`) and the chain's front (`ahead_to`), a
+    /// window of at most `max_frames` pages. Read ahead and about to be used.
+    pub(crate) fn ahead_of_reader(&self, r: &Arc<Region>, block_va: usize, max_frames: u64) -> bool {
+        let (at, to) = (self.stream_at.load(Ordering::Relaxed), self.ahead_to.load(Ordering::Relaxed));
+        let pages = (to.saturating_sub(at) / BLOCK_BYTES).saturating_mul(BLOCK_PAGES);
+        self.stream_of.load(Ordering::Relaxed) == Self::stream_id(r)
+            && (at..to).contains(&block_va)
+            && pages as u64 <= max_frames
     }
 
     pub(crate) fn set_flags(&self, frame: u32, set: u8) {
