@@ -351,16 +351,23 @@ impl SimCtx {
 
     /// `pt` for a callback of gmem's: announced to the kernels, which let it in first.
     pub(crate) fn manage(&self) -> MutexGuard<'_, PageTable> {
-        self.waiting.fetch_add(1, Ordering::AcqRel);
+        // A hint only (the mutex excludes): relaxed.
+        self.waiting.fetch_add(1, Ordering::Relaxed);
         let g = self.pt.lock();
-        self.waiting.fetch_sub(1, Ordering::AcqRel);
+        self.waiting.fetch_sub(1, Ordering::Relaxed);
         g
     }
 
-    /// `pt` for a kernel's access, after any callback that is waiting for it (the callback
-    /// holds it briefly and never waits for a kernel, so this wait ends).
+    /// `pt` for a kernel's access, after any callback that is waiting for it: the kernel
+    /// yields its CPU up to `YIELDS` times while one waits, then queues on the lock like
+    /// anyone (`yield` only gives way to tasks of its own priority, so a real-time kernel
+    /// could otherwise spin for ever over a callback it keeps off the CPU).
     pub(crate) fn access(&self) -> MutexGuard<'_, PageTable> {
-        while self.waiting.load(Ordering::Acquire) != 0 {
+        const YIELDS: u32 = 64;
+        for _ in 0..YIELDS {
+            if self.waiting.load(Ordering::Relaxed) == 0 {
+                break;
+            }
             // SAFETY: `yield_` may be called from any task context that may sleep, as a
             // kernel's (an ioctl's) is.
             unsafe { bindings::yield_() };

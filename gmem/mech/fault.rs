@@ -217,6 +217,9 @@ pub(crate) fn device_fault(dev: &Arc<Device>, space: &Space, addrs: &[u64], writ
     // queued its blocks on the link in front of the later blocks this fault still fetches
     // (the next one among them).
     let mut pending: Option<(Arc<Region>, usize)> = None;
+    // The block this fault last streamed by the quarter rule, if it was the last one it
+    // fetched (a stream continues from it into the next block).
+    let mut streamed: Option<(Arc<Region>, usize)> = None;
     let mut blocks = batch::by_block(addrs).peekable();
     while let Some(block) = blocks.next() {
         let last = blocks.peek().is_none();
@@ -254,16 +257,22 @@ pub(crate) fn device_fault(dev: &Arc<Device>, space: &Space, addrs: &[u64], writ
             // and, if this is the fault's last block, read-ahead of the next blocks starts
             // as soon as this batch's copies are on the link (its first block's copies
             // then follow them), not once they are done (else: `pending`, below). So does
-            // a batch of any size in the block right after one this fault streamed: the
-            // stream goes on into it. (A device's first fault over a region that does not
-            // start on a block boundary covers the region's short first block and a few
-            // pages of the next; a trace of PL showed those pages fetched alone, the rest
-            // of their block by the density rule in a batch of its own, and read-ahead
-            // starting only after both: the link idle for 2.7 ms of the first 8.)
-            let continues = pending
+            // a batch of any size in the block right after one that this fault streamed
+            // by the quarter rule (not one it continued, nor one the density rule chose,
+            // so that a fault strided by 2 MiB does not take whole blocks), while the
+            // device has the frames for the rest (the guard of `fault_pages`; without it
+            // the block is left to read-ahead, which makes room first): the stream goes on
+            // into it. (A device's first fault over a region that does not start on a
+            // block boundary covers the region's short first block and a few pages of the
+            // next; a trace of PL showed those pages fetched alone, the rest of their
+            // block by the density rule in a batch of its own, and read-ahead starting
+            // only after both: the link idle for 2.7 ms of the first 8.)
+            let continues = streamed
                 .as_ref()
-                .is_some_and(|(pr, pva)| Arc::ptr_eq(pr, &r) && pva.checked_add(BLOCK_BYTES) == Some(block_base(a0)));
-            let stream = (taken >= BLOCK_PAGES / 4 || continues) && tune::PREFETCH.load(Relaxed);
+                .is_some_and(|(sr, sva)| Arc::ptr_eq(sr, &r) && sva.checked_add(BLOCK_BYTES) == Some(block_base(a0)))
+                && rest_fits(dev);
+            let quarter = taken >= BLOCK_PAGES / 4;
+            let stream = (quarter || continues) && tune::PREFETCH.load(Relaxed);
             let asked = core::cell::Cell::new(false);
             let ask = || {
                 if !asked.replace(true) {
@@ -272,6 +281,7 @@ pub(crate) fn device_fault(dev: &Arc<Device>, space: &Space, addrs: &[u64], writ
             };
             let started: Option<&dyn Fn()> = (stream && last).then_some(&ask);
             fault_pages(dev, space, (&r, vma), &idx, (write, d), (stream, started), &mut waits)?;
+            streamed = (stream && quarter).then(|| (r.clone(), block_base(a0)));
             if stream {
                 // The batch took the rest of the block: nothing for the density rule.
                 own_ahead = true;
@@ -302,6 +312,12 @@ pub(crate) fn device_fault(dev: &Arc<Device>, space: &Space, addrs: &[u64], writ
     drop(mmap);
     drop(mm);
     sysmem::device_fault(dev, space, &others, write)
+}
+
+/// Whether a stream's fault may fetch the rest of its block: the device has a block's
+/// frames free above its low watermark (an estimate).
+fn rest_fits(dev: &Device) -> bool {
+    dev.frames_free_hint() >= dev.low().saturating_add(BLOCK_PAGES as u64)
 }
 
 /// The transition of a device access by `d` to page `i` of `r`, with the advice in force
@@ -359,7 +375,7 @@ fn fault_pages(
     // full device, the fetched-ahead pages would be what the next eviction pass takes, and
     // under oversubscription (P4, 2x) they came back as extra transfers. Read-ahead makes
     // room first where that pays (`readahead::room_target`).
-    let mut rest = rest && dev.frames_free_hint() >= dev.low().saturating_add(BLOCK_PAGES as u64);
+    let mut rest = rest && rest_fits(dev);
     while next_page < idx.len() {
         let mut p = r.lock(&block);
         if r.is_dead() {

@@ -28,8 +28,9 @@
 //!   background worker would, while the device computes); the batch then stops where the
 //!   device is full, like density prefetch.
 //! - The marker: read-ahead pages are mapped on the device as they arrive, except the
-//!   block's first one (none in the region's last block: nothing to read after it). The device's first touch of the block faults on it (one page, no
-//!   copy; the block then takes its 2 MiB entry), and that fault asks for read-ahead
+//!   block's first one (none in the region's last block: nothing to read after it).
+//!   The device's first touch of the block faults on it (one page, no copy; the block
+//!   then takes its 2 MiB entry), and that fault asks for read-ahead
 //!   again, as the page cache's `PG_readahead` mark does for files. (With the whole block
 //!   unmapped, that fault mapped up to 256 pages: 0.7-3.8 ms of the device's time per
 //!   block in a trace of PL, part of it waiting for the block's lock; the one-page
