@@ -19,6 +19,7 @@ use crate::obj::host_page::HostPage;
 use crate::obj::region::{devices_in, Pages, Region, PAGE_SIZE};
 use crate::obj::space::Space;
 use crate::obj::trace::{self, Laps, Phase};
+use crate::policy::bits;
 use crate::policy::evict::{F_CLEAN, F_LENT, F_PINNED, F_REF};
 use crate::policy::frames::CHUNK_FRAMES;
 use crate::policy::page_state::{Actions, Copy, Loc, PageState, Refused, MAX_DEVICES};
@@ -754,21 +755,16 @@ fn revoke(env: &Env<'_>, p: &Pages, steps: &[Step], devs: &Devs) {
         let leaving = |st: &&Step| {
             st.a.unmap_dev & (1 << d) != 0 && st.prev.loc() == Loc::Device(d) && st.a.free_frame == Some(d)
         };
-        let mut bits = dev.take_prefetched(steps.iter().filter(leaving).map(|st| (st.i - r0, p.frame(st.i))));
-        if bits != [0; 8] {
-            let asked = bits;
-            ops.test_clear_accessed(ctx, env.region.va(r0), &mut bits);
+        let asked = dev.take_prefetched(steps.iter().filter(leaving).map(|st| (st.i - r0, p.frame(st.i))));
+        if asked != [0; 8] {
+            let mut used_bits = asked;
+            ops.test_clear_accessed(ctx, env.region.va(r0), &mut used_bits);
             // Settled page by page in page order, as before the bits came per block: the
             // accuracy estimate caps each update, so one update for the block would weigh
             // used and wasted pages differently.
-            for (&a, &u) in asked.iter().zip(bits.iter()) {
-                let mut left = a;
-                while left != 0 {
-                    let b = left.trailing_zeros();
-                    left &= left - 1;
-                    let used = u & (1 << b) != 0;
-                    dev.note_prefetch(u64::from(used), u64::from(!used));
-                }
+            for k in bits::ones(&asked) {
+                let used = bits::test(&used_bits, k);
+                dev.note_prefetch(u64::from(used), u64::from(!used));
             }
         }
         runs(

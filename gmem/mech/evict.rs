@@ -30,11 +30,12 @@
 use crate::exec::dpriv;
 use crate::exec::migrate::Step;
 use crate::exec::migrate::{self, Env};
-use crate::obj::device::{Bits512, Ctx, DevStats, Device, DeviceOps, Owner, F_PREFETCHED, F_SPARED};
+use crate::obj::device::{Ctx, DevStats, Device, DeviceOps, Owner, F_PREFETCHED, F_SPARED};
 use crate::obj::dmem::Limit;
 use crate::obj::region::{adv, ADVICE_RUNS};
 use crate::obj::region::{block_base, Region};
 use crate::obj::{devices, sched, trace, tune};
+use crate::policy::bits::{self, BlockBits};
 use crate::policy::evict::{reclaim_target, write_back_lent, F_REF};
 use crate::policy::page_state::Target;
 use crate::policy::page_state::{transition, Actions, Copy, Event, Loc};
@@ -246,26 +247,16 @@ fn verdict(dev: &Device, advice: &AdviceMap<ADVICE_RUNS>, i: usize, fl: u8, touc
 /// The device's accessed bits of the pages `pages` (indices in the block at `va`), tested
 /// and cleared (one driver call if the driver has `test_clear_accessed_range`); all clear
 /// without a context or a driver.
-fn touched(dev: &Device, ctx: Option<Ctx>, va: u64, pages: impl Iterator<Item = usize>) -> Bits512 {
-    let mut bits: Bits512 = [0; 8];
+fn touched(dev: &Device, ctx: Option<Ctx>, va: u64, pages: impl Iterator<Item = usize>) -> BlockBits {
+    let mut hit: BlockBits = [0; 8];
     for k in pages {
-        set_bit(&mut bits, k);
+        bits::set(&mut hit, k);
     }
     match (ctx, dev.ops()) {
-        (Some(c), Some(ops)) if bits != [0; 8] => ops.test_clear_accessed(c, va, &mut bits),
-        _ => bits = [0; 8],
+        (Some(c), Some(ops)) if hit != [0; 8] => ops.test_clear_accessed(c, va, &mut hit),
+        _ => hit = [0; 8],
     }
-    bits
-}
-
-fn set_bit(bits: &mut Bits512, k: usize) {
-    if let Some(w) = bits.get_mut(k / 64) {
-        *w |= 1 << (k % 64);
-    }
-}
-
-fn bit(bits: &Bits512, k: usize) -> bool {
-    bits.get(k / 64).is_some_and(|w| w & (1 << (k % 64)) != 0)
+    hit
 }
 
 /// Eviction within a dmem cgroup at its limit: the pool, and the process whose allocation
@@ -315,11 +306,11 @@ fn evict_victims(
     // The seeds that still hold their frame here, as owner or as a duplicate (a seed
     // per page at most).
     let mut picked: KVec<(usize, u32, bool)> = KVec::with_capacity(seeds.len(), GFP_KERNEL)?;
-    let mut seen: Bits512 = [0; 8];
+    let mut seen: BlockBits = [0; 8];
     for &(frame, w) in seeds {
         let i = w.page as usize;
         // The caller groups by block, so every seed lies in this one (checked anyway).
-        if !Arc::ptr_eq(&w.region, region) || !(first..last).contains(&i) || bit(&seen, i - first) {
+        if !Arc::ptr_eq(&w.region, region) || !(first..last).contains(&i) || bits::test(&seen, i - first) {
             continue;
         }
         let s = p.state(i);
@@ -327,17 +318,16 @@ fn evict_victims(
         if !owner && p.dup_frame(i, d) != Some(frame) {
             continue;
         }
-        set_bit(&mut seen, i - first);
+        bits::set(&mut seen, i - first);
         picked.push((i, frame, owner), GFP_KERNEL)?;
     }
     let mut idx: KVec<usize> = KVec::with_capacity(migrate::BATCH_PAGES, GFP_KERNEL)?;
     // Frames to mark used, and spared, after the decisions (one pool lock each).
     let (mut used, mut spared): (KVec<u32>, KVec<u32>) = (KVec::new(), KVec::new());
     let owned = |x: &&(usize, u32, bool)| x.2;
-    let frames: KVec<u32> = collect(picked.iter().filter(owned).map(|x| x.1))?;
     let mut fls = KVec::new();
-    fls.extend_with(frames.len(), None, GFP_KERNEL)?;
-    dev.flags_of(&frames, None, &mut fls);
+    fls.extend_with(picked.iter().filter(owned).count(), None, GFP_KERNEL)?;
+    dev.flags_of(picked.iter().filter(owned).map(|x| x.1), None, &mut fls);
     // Room for every outcome before the bits are read: nothing after the driver call can
     // fail, so no bit it cleared is lost.
     used.reserve(picked.len(), GFP_KERNEL)?;
@@ -346,7 +336,7 @@ fn evict_victims(
     let mut fl = fls.iter();
     for &(i, frame, owner) in picked.iter() {
         let v = if owner {
-            verdict(dev, &advice, i, fl.next().copied().flatten().unwrap_or(0), bit(&hit, i - first), ahead)
+            verdict(dev, &advice, i, fl.next().copied().flatten().unwrap_or(0), bits::test(&hit, i - first), ahead)
         } else {
             Verdict::Evict
         };
@@ -359,21 +349,20 @@ fn evict_victims(
         let mut rest: KVec<(usize, u32)> = KVec::with_capacity(last - first, GFP_KERNEL)?;
         for j in first..last {
             let sj = p.state(j);
-            if !bit(&seen, j - first) && sj.loc() == Loc::Device(d) && !sj.pinned() {
+            if !bits::test(&seen, j - first) && sj.loc() == Loc::Device(d) && !sj.pinned() {
                 rest.push((j, p.frame(j)), GFP_KERNEL)?;
             }
         }
-        let frames: KVec<u32> = collect(rest.iter().map(|x| x.1))?;
         fls.clear();
-        fls.extend_with(frames.len(), None, GFP_KERNEL)?;
-        dev.flags_of(&frames, Some(limit), &mut fls);
+        fls.extend_with(rest.len(), None, GFP_KERNEL)?;
+        dev.flags_of(rest.iter().map(|x| x.1), Some(limit), &mut fls);
         used.reserve(rest.len(), GFP_KERNEL)?;
         spared.reserve(rest.len(), GFP_KERNEL)?;
         let cold = |k: usize| fls.get(k).copied().flatten().filter(|fl| fl & F_REF == 0);
         let hit = touched(dev, ctx, va, (0..rest.len()).filter(|&k| cold(k).is_some()).map(|k| rest[k].0 - first));
         for (k, &(j, fj)) in rest.iter().enumerate() {
             let Some(fl) = cold(k) else { continue };
-            let t = bit(&hit, j - first);
+            let t = bits::test(&hit, j - first);
             let v = if idx.len() < room {
                 verdict(dev, &advice, j, fl, t, ahead)
             } else if t {
@@ -402,14 +391,6 @@ fn keep(v: Verdict, i: usize, frame: u32, idx: &mut KVec<usize>, used: &mut KVec
         Verdict::Spared => spared.push_within_capacity(frame).map_err(|_| ()),
         Verdict::Evict => idx.push_within_capacity(i).map_err(|_| ()),
     };
-}
-
-fn collect(it: impl Iterator<Item = u32>) -> Result<KVec<u32>> {
-    let mut v = KVec::new();
-    for x in it {
-        v.push(x, GFP_KERNEL)?;
-    }
-    Ok(v)
 }
 
 /// Frees at least `want` frames on `dev` if that many are evictable — `within` a dmem

@@ -23,6 +23,7 @@ use crate::abi::{GmemCopy, GmemDevOps, GmemDevProps, GmemPte, GMEM_DEV_CAP_MAP_2
 use crate::obj::dmem::{self, Charge, Limit};
 use crate::obj::dpriv::Pagemap;
 use crate::obj::region::{Region, BLOCK_BYTES, BLOCK_PAGES};
+use crate::policy::bits::{self, BlockBits};
 use crate::policy::evict::{self as order, Clock, F_CLEAN, F_LENT, F_PINNED, F_REF, F_USED};
 use crate::policy::frames::{FrameMap, CHUNK_FRAMES};
 use crate::policy::paths;
@@ -100,11 +101,8 @@ pub(crate) trait DeviceOps: Send + Sync {
     /// selects (bit k: the page at `va + k * 4096`, up to 512 pages); on return bit k is
     /// set if and only if page k was selected and the device touched it. A device without
     /// accessed bits answers 0 for every page.
-    fn test_clear_accessed(&self, ctx: Ctx, va: u64, bits: &mut Bits512);
+    fn test_clear_accessed(&self, ctx: Ctx, va: u64, bits: &mut BlockBits);
 }
-
-/// One bit per page of a 2 MiB block (bit k: word k / 64, bit k % 64).
-pub(crate) type Bits512 = [u64; 8];
 
 /// A C driver's vtable.
 ///
@@ -260,13 +258,9 @@ impl DeviceOps for CDriver {
         (!p.is_null()).then_some(p)
     }
 
-    fn test_clear_accessed(&self, ctx: Ctx, va: u64, bits: &mut Bits512) {
+    fn test_clear_accessed(&self, ctx: Ctx, va: u64, bits: &mut BlockBits) {
         // Pages up to the last one selected (none: nothing to ask).
-        let Some(npages) =
-            (0..bits.len()).rev().find(|&w| bits[w] != 0).map(|w| 64 * w + 64 - bits[w].leading_zeros() as usize)
-        else {
-            return;
-        };
+        let Some(npages) = bits::ones(bits).last().map(|k| k + 1) else { return };
         let o = self.ops();
         if let Some(f) = o.test_clear_accessed_range {
             // SAFETY: optional callback present; `ctx` is a live context of this driver;
@@ -281,11 +275,11 @@ impl DeviceOps for CDriver {
             *bits = [0; 8];
             return;
         };
-        for k in 0..npages {
-            let (w, b) = (k / 64, 1u64 << (k % 64));
+        let asked = *bits;
+        for k in bits::ones(&asked) {
             // SAFETY: optional callback present; `ctx` is a live context of this driver.
-            if bits[w] & b != 0 && unsafe { f(self.drv, ctx.0, va + ((k as u64) << 12)) } <= 0 {
-                bits[w] &= !b;
+            if unsafe { f(self.drv, ctx.0, va + ((k as u64) << 12)) } <= 0 {
+                bits::clear(bits, k, k + 1);
             }
         }
     }
@@ -949,8 +943,8 @@ impl Device {
     /// marked prefetched, as a bitmap, under one acquisition of the pool lock (none at all
     /// when `frames` is empty). The mark is cleared on the frames it reports: the caller
     /// settles each of them, once, even if the move it settles them for fails and is retried.
-    pub(crate) fn take_prefetched(&self, frames: impl Iterator<Item = (usize, u32)>) -> [u64; 8] {
-        let mut out = [0u64; 8];
+    pub(crate) fn take_prefetched(&self, frames: impl Iterator<Item = (usize, u32)>) -> BlockBits {
+        let mut out: BlockBits = [0; 8];
         let mut frames = frames.peekable();
         if frames.peek().is_none() {
             return out;
@@ -960,9 +954,7 @@ impl Device {
             let Some(fl) = pool.flags.get_mut(f as usize) else { continue };
             if *fl & F_PREFETCHED != 0 {
                 *fl &= !F_PREFETCHED;
-                if let Some(w) = out.get_mut(k / 64) {
-                    *w |= 1 << (k % 64);
-                }
+                bits::set(&mut out, k);
             }
         }
         out
@@ -1107,16 +1099,21 @@ impl Device {
         self.set_flags_of(&[frame], set);
     }
 
-    /// The flags of `frames` into `out` (as long), under one acquisition of the pool lock
-    /// (none for no frame). With `evictable: Some(limit)`, `None` for a frame that may not
-    /// go in an eviction for `limit` (its charge lies outside that pool) or, without one,
-    /// for the full device (its cgroup's `dmem.min` protects it).
-    pub(crate) fn flags_of(&self, frames: &[u32], evictable: Option<Option<&Limit>>, out: &mut [Option<u8>]) {
-        if frames.is_empty() {
+    /// The flags of `frames` into `out` (one slot each, in order), under one acquisition of
+    /// the pool lock (none for no slot). With `evictable: Some(limit)`, `None` for a frame
+    /// that may not go in an eviction for `limit` (its charge lies outside that pool) or,
+    /// without one, for the full device (its cgroup's `dmem.min` protects it).
+    pub(crate) fn flags_of(
+        &self,
+        frames: impl Iterator<Item = u32>,
+        evictable: Option<Option<&Limit>>,
+        out: &mut [Option<u8>],
+    ) {
+        if out.is_empty() {
             return;
         }
         let pool = self.pool();
-        for (&f, o) in frames.iter().zip(out.iter_mut()) {
+        for (f, o) in frames.zip(out.iter_mut()) {
             let ok = evictable.is_none_or(|l| pool.charges.get(f as usize).is_some_and(|c| eligible(c, l, true)));
             *o = if ok { Some(pool.flags.get(f as usize).copied().unwrap_or(0)) } else { None };
         }

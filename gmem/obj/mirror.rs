@@ -264,8 +264,9 @@ pub(crate) fn pfn_file_page(pfn: c_ulong) -> bool {
     unsafe { gmem_mirror_page_file(pfn) }
 }
 
-/// Pages of one 2 MiB block, a bit each (bit `k` of word `k / 64`: page `k`).
-pub(crate) type BlockBits = [u64; BLOCK_PAGES / 64];
+/// Pages of one 2 MiB block, a bit each (bit `k` of word `k / 64`: page `k`), and how
+/// many are set.
+pub(crate) use crate::policy::bits::{count, BlockBits};
 
 /// What one device maps of one 2 MiB block.
 #[derive(Clone, Copy, Default)]
@@ -273,11 +274,6 @@ pub(crate) struct Mapped {
     pub(crate) pages: BlockBits,
     /// The subset mapped writable.
     pub(crate) writable: BlockBits,
-}
-
-/// Counts the set bits of `b`.
-pub(crate) fn count(b: &BlockBits) -> u64 {
-    b.iter().map(|w| u64::from(w.count_ones())).sum()
 }
 
 /// The mirror entries of one device in one space.

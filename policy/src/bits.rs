@@ -1,9 +1,42 @@
 // SPDX-License-Identifier: GPL-2.0
 //! Bit sets over the pages of a 2 MiB block (bit `k` of word `k / 64`: page `k`), and the
 //! runs of consecutive set bits in them: how the mirror of ordinary memory records what a
-//! device maps, and unmaps it run by run.
+//! device maps, and unmaps it run by run; how eviction and the executor ask a driver for
+//! a block's accessed bits.
 // Compiled into gmem.ko too (`gmem/policy.rs`), which uses only part of it.
 #![allow(dead_code, unreachable_pub)]
+
+use super::prefetch::BLOCK_PAGES;
+
+/// A bit per page of a 2 MiB block.
+pub type BlockBits = [u64; BLOCK_PAGES / 64];
+
+/// Sets bit `k` of `b` (nothing beyond its end).
+pub fn set(b: &mut [u64], k: usize) {
+    if let Some(w) = b.get_mut(k / 64) {
+        *w |= 1 << (k % 64);
+    }
+}
+
+/// The set bits of `b`, in order.
+pub fn ones(b: &[u64]) -> impl Iterator<Item = usize> + '_ {
+    b.iter().enumerate().flat_map(|(w, &word)| {
+        let mut left = word;
+        core::iter::from_fn(move || {
+            if left == 0 {
+                return None;
+            }
+            let k = left.trailing_zeros() as usize;
+            left &= left - 1;
+            Some(w * 64 + k)
+        })
+    })
+}
+
+/// How many bits of `b` are set.
+pub fn count(b: &[u64]) -> u64 {
+    b.iter().map(|w| u64::from(w.count_ones())).sum()
+}
 
 /// Whether bit `k` of `b` is set (`false` beyond its end).
 pub fn test(b: &[u64], k: usize) -> bool {
@@ -69,5 +102,18 @@ mod tests {
         assert!(test(&b, 65) && !test(&b, 66) && !test(&b, 600));
         clear(&mut b, 0, 65);
         assert_eq!(runs(&b, 0, 512).collect::<Vec<_>>(), [(65, 66), (200, 201), (511, 512)]);
+    }
+
+    #[test]
+    fn set_ones_count() {
+        let mut b: BlockBits = [0; 8];
+        for k in [511, 0, 64, 63, 65, 600] {
+            set(&mut b, k);
+        }
+        // 600 lies beyond the block: not set anywhere.
+        assert_eq!(ones(&b).collect::<Vec<_>>(), [0, 63, 64, 65, 511]);
+        assert_eq!(count(&b), 5);
+        assert!(ones(&[0u64; 8]).next().is_none());
+        assert!(test(&b, 65) && !test(&b, 66));
     }
 }
