@@ -185,6 +185,16 @@ impl SimDev {
     /// Carries out `job` as `plan` says: the data move while the booked link time runs,
     /// and the call returns when both are done.
     pub(crate) fn run_planned(&self, job: CopyJob<'_, Self>, plan: CopyPlan) -> Result {
+        let r = self.move_data(job, &plan);
+        if let Some(b) = plan.booking {
+            self.links.wait(b);
+        }
+        r
+    }
+
+    /// The data move of `job` as `plan` says, without waiting for its link time (a copy
+    /// channel completes it when that ends: `sim_chan.rs`); the copy's result.
+    pub(crate) fn move_data(&self, job: CopyJob<'_, Self>, plan: &CopyPlan) -> Result {
         let todo = plan.todo;
         let r = match job {
             CopyJob::ToDevice(c) => c.iter().take(todo).try_for_each(|e| self.pool.upload(e.frame().index(), e.host())),
@@ -195,9 +205,6 @@ impl SimDev {
                 .try_for_each(|e| self.pool.to_peer(e.frame().index(), &peer.live().pool, e.peer_frame().index())),
             CopyJob::Zero(c) => c.iter().take(todo).try_for_each(|e| self.pool.zero(e.frame().index())),
         };
-        if let Some(b) = plan.booking {
-            self.links.wait(b);
-        }
         r?;
         self.copies.fetch_add(todo as u64, Ordering::Relaxed);
         if plan.fires {
@@ -205,6 +212,11 @@ impl SimDev {
             return Err(Error::from_errno(-(self.fail_err.load(Ordering::Relaxed) as i32)));
         }
         Ok(())
+    }
+
+    /// When `plan`'s link time ends, if it has any.
+    pub(crate) fn landing_at(&self, plan: &CopyPlan) -> Option<kernel::time::Instant<kernel::time::Monotonic>> {
+        plan.booking.as_ref().map(|b| self.links.instant(b))
     }
 
     /// Installs one entry in `pt` (frames checked against the pool).

@@ -1,33 +1,50 @@
 // SPDX-License-Identifier: GPL-2.0
 //! The simulated device's copy channels: `copy_channels` engines per device that run
 //! beside everything else, as a real device's DMA engines do. gmem starts a copy on one
-//! (`copy_async`) and goes on; the channel runs its copies in order on a work item of the
-//! sim's own workqueue (never in the thread that started them), each over the link model
-//! (`sim_link.rs`), and completes each copy's fence when its data has landed.
-//!
-//! **Lifetimes.** A channel is shared (`Arc`) by its device and, while it has work, by its
-//! queued work item; a queued copy holds its device (`Arc<SimDev>`), so neither can go
-//! while a copy waits. gmem waits for every fence of a device before
-//! `gmem_dev_unregister` returns, so no copy is queued after the device is gone; the
-//! workqueue ([`Wq`]) belongs to the module and is destroyed last, which drains it: no work
-//! item runs module code after unload.
+//! (`copy_async`) and goes on; the channel moves its copies' data in order on a work item of
+//! the sim's own workqueue (never in the thread that started them), each over the link
+//! model (`sim_link.rs`), and completes each copy's fence when its data has landed and its
+//! link time has ended.
 //!
 //! **Timing.** A copy's link time is booked when it is started (`Channels::start`), from
 //! when both its link and the channel's earlier copies are free: a channel is a queue of
 //! descriptors that the engine works through back to back, whichever CPU runs the worker
-//! and whenever. The worker moves the data and completes the copy once its booking ended.
+//! and whenever. The worker moves the data; if the booking has not ended by then, the copy
+//! waits in the channel's landing list and the channel's timer completes it when the
+//! booking ends, from hard interrupt context, as a real engine's completion interrupt would
+//! (`gmem_fence_signal` may be called from any context). So the fence is signalled one
+//! wake-up after the booking ends (gmem's waiter's), not two (the worker's, then the
+//! waiter's): under TCG each wake-up of an idle vCPU costs 0.1-1 ms.
+//!
+//! **Lifetimes.** A channel is shared (`Arc`) by its device and, while it has work, by its
+//! queued work item; a queued or landing copy holds its device (`Arc<SimDev>`), so neither
+//! can go while a copy waits. gmem waits for every fence of a device before
+//! `gmem_dev_unregister` returns, so no copy is queued or landing after the device is gone.
+//! The timer is armed only while the landing list is not empty, and a channel cancels it
+//! when it is dropped (`hrtimer_cancel` waits for a running callback), so the callback never
+//! runs on a freed channel. The callback drops a landing copy's device reference before it
+//! signals the fence: never the last one (the module keeps every device, and the
+//! registration's reference lasts until unregistration, which waits for that fence). The
+//! workqueue ([`Wq`]) belongs to the module and is destroyed last, which drains it: no work
+//! item runs module code after unload.
 //!
 //! **Locks.** `Channel::queue` is a leaf, never held while copying or completing (booking
-//! a copy under it takes only the link model's atomics).
+//! a copy under it takes only the link model's atomics). `Channel::landed` (interrupts off)
+//! is taken by the worker and the timer callback; under it only the timer is (re)armed
+//! (the hrtimer base lock nests inside it); no fence is signalled under it.
 
 use crate::gmem::Submission;
 use crate::SimDev;
 use core::ptr::NonNull;
 use core::sync::atomic::{AtomicU64, Ordering};
 use kernel::{
-    bindings, new_mutex,
+    bindings, impl_has_hr_timer, new_mutex, new_spinlock_irq,
     prelude::*,
-    sync::{Arc, Mutex},
+    sync::{Arc, Mutex, SpinLockIrq},
+    time::{
+        hrtimer::{AbsoluteMode, HasHrTimer, HrTimer, HrTimerCallback, HrTimerCallbackContext, HrTimerRestart},
+        Instant, Monotonic,
+    },
     workqueue::{impl_has_work, new_work, Queue, Work, WorkItem},
 };
 
@@ -76,18 +93,59 @@ struct Pending {
     busy_until: u64,
 }
 
+/// Whether instant `a` comes before `b` (instants of a clock are not ordered by type).
+fn before(a: Instant<Monotonic>, b: Instant<Monotonic>) -> bool {
+    (a - b).is_negative()
+}
+
+/// A copy whose data has moved and whose link time ends at `at`: completed then by the
+/// channel's timer.
+struct Landing {
+    at: Instant<Monotonic>,
+    dev: Arc<SimDev>,
+    sub: Submission<SimDev>,
+    /// Pages the engine moved (counted when the copy completes).
+    moved: usize,
+    r: Result,
+}
+
+impl Landing {
+    /// Counts the copy and signals its fence (any context: see the module documentation
+    /// for why dropping `dev` here never drops the last reference).
+    fn finish(self) {
+        let Landing { dev, sub, moved, r, .. } = self;
+        dev.chan.async_pages.fetch_add(moved as u64, Ordering::Relaxed);
+        dev.chan.inflight.fetch_sub(1, Ordering::Relaxed);
+        drop(dev);
+        sub.complete(r);
+    }
+}
+
+/// The copies of a channel waiting for their link time to end, earliest first, and when
+/// the timer is armed for (`None`: not armed).
+#[derive(Default)]
+struct Landed {
+    copies: KVec<Landing>,
+    armed: Option<Instant<Monotonic>>,
+}
+
 /// One copy engine.
 ///
 /// # Invariants
 /// `wq` is the module's [`Wq`], which outlives every use of the channel (see the module
-/// documentation).
-#[pin_data]
+/// documentation). `timer` is armed only while `landed` holds a copy, and is cancelled
+/// before the channel is freed (its drop).
+#[pin_data(PinnedDrop)]
 pub(crate) struct Channel {
     wq: *mut bindings::workqueue_struct,
     #[pin]
     queue: Mutex<Pending>,
     #[pin]
     work: Work<Channel>,
+    #[pin]
+    landed: SpinLockIrq<Landed>,
+    #[pin]
+    timer: HrTimer<Channel>,
 }
 
 // SAFETY: `wq` is only passed to the workqueue API, which is thread-safe; the rest is
@@ -100,6 +158,10 @@ impl_has_work! {
     impl HasWork<Self> for Channel { self.work }
 }
 
+impl_has_hr_timer! {
+    impl HasHrTimer<Self> for Channel { mode: AbsoluteMode<Monotonic>, field: self.timer }
+}
+
 impl WorkItem for Channel {
     type Pointer = Arc<Channel>;
 
@@ -107,7 +169,7 @@ impl WorkItem for Channel {
     /// (The work item is no longer pending while it runs, so a copy started meanwhile
     /// queues it again, or is found by the next turn of this loop.) Each copy's link time
     /// was booked when it was started (`Channels::start`), so the worker only moves the
-    /// data and waits for the booking to end.
+    /// data; a copy whose booking has not ended yet lands for the timer to complete.
     fn run(ch: Arc<Channel>) {
         loop {
             let batch = core::mem::take(&mut ch.queue.lock().copies);
@@ -118,11 +180,22 @@ impl WorkItem for Channel {
                 // Pages the engine moves: all of them, or those before an injected failure
                 // (none if the copy itself failed).
                 let (todo, fires) = (plan.todo, plan.fires);
-                let r = dev.run_planned(sub.job(), plan);
+                let r = dev.move_data(sub.job(), &plan);
                 let moved = if r.is_ok() || fires { todo } else { 0 };
-                dev.chan.async_pages.fetch_add(moved as u64, Ordering::Relaxed);
-                dev.chan.inflight.fetch_sub(1, Ordering::Relaxed);
-                sub.complete(r);
+                let at = dev.landing_at(&plan).filter(|at| before(Instant::now(), *at));
+                let copy = Landing { at: at.unwrap_or_else(Instant::now), dev, sub, moved, r };
+                match at {
+                    Some(_) => {
+                        if let Err(copy) = ch.land(copy) {
+                            // No room in the landing list: wait here instead.
+                            if let Some(b) = plan.booking {
+                                copy.dev.links.wait(b);
+                            }
+                            copy.finish();
+                        }
+                    }
+                    None => copy.finish(),
+                }
             }
         }
     }
@@ -130,15 +203,93 @@ impl WorkItem for Channel {
 
 impl Channel {
     fn new(wq: &Wq) -> Result<Arc<Channel>> {
-        // INVARIANT: the module's queue (the only `Wq`).
+        // INVARIANT: the module's queue (the only `Wq`); the timer starts unarmed.
         Arc::pin_init(
             pin_init!(Channel {
                 wq: wq.raw(),
                 queue <- new_mutex!(Pending::default(), "gmem_sim::Channel::queue"),
                 work <- new_work!("gmem_sim::Channel::work"),
+                landed <- new_spinlock_irq!(Landed::default(), "gmem_sim::Channel::landed"),
+                timer <- HrTimer::new(),
             }),
             GFP_KERNEL,
         )
+    }
+
+    /// Arms the timer for `at` (the caller holds `landed` and records `at` in it).
+    fn arm(&self, at: Instant<Monotonic>) {
+        // SAFETY: `self` is a live channel (pinned in its `Arc`), which cancels the timer
+        // before it is freed (type invariant): it outlives the timer's expiry or
+        // cancellation.
+        unsafe { <Self as HasHrTimer<Self>>::start(self, at) };
+    }
+
+    /// Puts `copy` in the landing list, in order of its link time's end, and arms the timer
+    /// if the copy ends before what it is armed for; gives the copy back if the list has
+    /// no room (interrupts are off here: no sleeping allocation).
+    fn land(self: &Arc<Self>, copy: Landing) -> core::result::Result<(), Landing> {
+        let mut l = self.landed.lock();
+        if l.copies.reserve(1, GFP_ATOMIC).is_err() {
+            return Err(copy);
+        }
+        let at = copy.at;
+        let k = l.copies.iter().position(|c| before(at, c.at)).unwrap_or(l.copies.len());
+        // Room reserved above, and `k <= len`.
+        if let Err(e) = l.copies.insert_within_capacity(k, copy) {
+            return Err(match e {
+                kernel::alloc::kvec::InsertError::IndexOutOfBounds(c)
+                | kernel::alloc::kvec::InsertError::OutOfCapacity(c) => c,
+            });
+        }
+        if l.armed.is_none_or(|a| before(at, a)) {
+            l.armed = Some(at);
+            self.arm(at);
+        }
+        Ok(())
+    }
+}
+
+impl HrTimerCallback for Channel {
+    type Pointer<'a> = Pin<&'a Channel>;
+
+    /// The engine's completion interrupt: completes every landing copy whose link time has
+    /// ended, then re-arms for the next one, if any.
+    fn run(this: Pin<&Channel>, _ctx: HrTimerCallbackContext<'_, Self>) -> HrTimerRestart {
+        loop {
+            let mut l = this.landed.lock();
+            let now = Instant::now();
+            match l.copies.first().map(|c| c.at) {
+                Some(at) if !before(now, at) => {
+                    let copy = l.copies.remove(0);
+                    drop(l);
+                    // Signalled without the lock (the waiter may start another copy).
+                    if let Ok(copy) = copy {
+                        copy.finish();
+                    }
+                }
+                next => {
+                    // Re-armed from here (a timer may be started from its own callback;
+                    // the hrtimer core then leaves it queued), or left unarmed.
+                    l.armed = next;
+                    if let Some(at) = next {
+                        this.arm(at);
+                    }
+                    return HrTimerRestart::NoRestart;
+                }
+            }
+        }
+    }
+}
+
+#[pinned_drop]
+impl PinnedDrop for Channel {
+    fn drop(self: Pin<&mut Self>) {
+        // SAFETY: the channel's own, initialised timer; `hrtimer_cancel` returns once it is
+        // neither queued nor running its callback, after which nothing arms it again (the
+        // channel is being dropped: no worker or callback can reach it any more).
+        unsafe { bindings::hrtimer_cancel(<Self as HasHrTimer<Self>>::c_timer_ptr(&*self).cast_mut()) };
+        // Copies still landing (none: gmem waits for every fence before a device goes)
+        // would be signalled failed by their submissions' drop.
     }
 }
 

@@ -6,7 +6,8 @@
 //! the path is free (a path carries one transfer at a time: concurrent calls queue on it)
 //! and, for a call on a copy channel, when the channel's earlier calls are done (the
 //! reservation is made when gmem starts the call: `sim_chan.rs`); it moves the data, and
-//! returns (or completes) only when its reservation ends. So a transfer takes at least
+//! returns (or, on a channel, completes: from the channel's timer) only when its
+//! reservation ends. So a transfer takes at least
 //! what the modelled link allows, and the data copy itself (a `memcpy` on the guest CPU)
 //! overlaps with the modelled time instead of adding to it. Device memory has no model: a
 //! zero fill is not a transfer. Every path counts its bytes and its modelled busy time,
@@ -147,6 +148,11 @@ impl Links {
                 Err(v) => seen = v,
             }
         }
+    }
+
+    /// The instant `b`'s reservation ends (what a channel's completion timer is set to).
+    pub(crate) fn instant(&self, b: &Booking) -> Instant<Monotonic> {
+        self.epoch + kernel::time::Delta::from_nanos(i64::try_from(b.end).unwrap_or(i64::MAX))
     }
 
     /// Sleeps until `b`'s reservation ends (at once if the copy itself took longer), in

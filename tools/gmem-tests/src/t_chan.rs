@@ -129,11 +129,24 @@ fn later_part_failure_keeps_earlier_parts() -> TestResult {
     Ok(())
 }
 
+/// The two failures above under a link model (200 MB/s on every path): the channels' data
+/// move first and each copy completes when its link time ends, from the channel's timer
+/// (the engine's completion interrupt), in interrupt context; the errno, the parts kept and
+/// the data are as without the model.
+fn failures_complete_from_the_channel_timer() -> TestResult {
+    let (_g, s) = open()?;
+    crate::t_link::with_link(&s, [200; 3], 0, || {
+        failed_channel_copy_fails_the_fault().map_err(|e| format!("fault: {e}"))?;
+        later_part_failure_keeps_earlier_parts().map_err(|e| format!("prefetch: {e}"))
+    })
+}
+
 pub fn tests() -> Vec<crate::harness::Test> {
     use crate::harness::Test;
     vec![
         Test { name: "chan_prefetch_runs_on_every_channel_at_once", f: prefetch_runs_on_every_channel_at_once },
         Test { name: "chan_failed_channel_copy_fails_the_fault", f: failed_channel_copy_fails_the_fault },
         Test { name: "chan_later_part_failure_keeps_earlier_parts", f: later_part_failure_keeps_earlier_parts },
+        Test { name: "chan_failures_complete_from_the_channel_timer", f: failures_complete_from_the_channel_timer },
     ]
 }
