@@ -306,7 +306,8 @@ impl Fields {
                 // One base-3 digit per device, device 0 least significant. The value is at
                 // most 3^16 - 1, so neither the multiplication nor the addition overflows.
                 let mut t: u32 = 0;
-                let mut i = MAX_DEVICES;
+                // From the highest device with a digit (leading zero digits add nothing).
+                let mut i = (u16::BITS - (self.dup | self.remote).leading_zeros()) as usize;
                 while i > 0 {
                     i -= 1;
                     let b = 1u16 << i;
@@ -363,13 +364,16 @@ impl PageState {
             TAG_HOST => {
                 let (mut dup, mut remote) = (0u16, 0u16);
                 let mut t = v & H_TRITS;
-                for i in 0..MAX_DEVICES {
+                // Digits past the last non-zero one are 0 (most host pages have none).
+                let mut i = 0;
+                while t != 0 && i < MAX_DEVICES {
                     match t % 3 {
                         1 => dup |= 1 << i,
                         2 => remote |= 1 << i,
                         _ => {}
                     }
                     t /= 3;
+                    i += 1;
                 }
                 Fields { cpu_mapped: v & H_CPU_MAPPED != 0, dup, remote, ..Fields::HOST }
             }
@@ -393,29 +397,43 @@ impl PageState {
         }
     }
 
+    // The single-field accessors below read their bits straight from the packed word (the
+    // executor and eviction call them for every page they look at); each gives what
+    // `unpack` would (`accessors_agree_with_unpack`).
+
     /// Where the authoritative copy lives.
     pub fn loc(self) -> Loc {
-        self.unpack().loc
+        match self.0 >> TAG_SHIFT {
+            TAG_HOST => Loc::Host,
+            // The mask keeps the owner below 16, so the cast is lossless.
+            TAG_DEV => Loc::Device(((self.0 >> D_OWNER_SHIFT) & 0xf) as u8),
+            TAG_LOST => Loc::Lost,
+            _ => Loc::None,
+        }
+    }
+    /// Flag `b` of a state on a device (every device flag is false elsewhere).
+    fn dev_flag(self, b: u32) -> bool {
+        self.0 >> TAG_SHIFT == TAG_DEV && self.0 & b != 0
     }
     /// Never evicted from its device.
     pub fn pinned(self) -> bool {
-        self.unpack().pinned
+        self.dev_flag(D_PINNED)
     }
     /// The owner device's copy is newer than any host copy.
     pub fn dirty(self) -> bool {
-        self.unpack().dirty
+        self.dev_flag(D_DIRTY)
     }
     /// A host page exists and holds the current data.
     pub fn host_valid(self) -> bool {
-        self.unpack().host_valid
+        self.0 >> TAG_SHIFT == TAG_HOST || self.dev_flag(D_HOST_VALID)
     }
     /// The CPU page table maps the host page.
     pub fn cpu_mapped(self) -> bool {
-        self.unpack().cpu_mapped
+        self.0 >> TAG_SHIFT == TAG_HOST && self.0 & H_CPU_MAPPED != 0
     }
     /// Parked on its owner device for another one (see the module documentation).
     pub fn parked(self) -> bool {
-        self.unpack().parked
+        self.dev_flag(D_PARKED)
     }
     /// Devices holding read-only duplicates (READ_MOSTLY, or the backing copy a parked
     /// page leaves on its peer).
@@ -1222,6 +1240,36 @@ mod tests {
             assert_eq!(s.dup_mask() & s.remote_mask(), 0);
         }
     }
+
+    #[test]
+    fn accessors_agree_with_unpack() {
+        // Every tag, with low bits from a simple generator (garbage included): the direct
+        // accessors give exactly the fields `unpack` decodes.
+        let mut x: u32 = 0x9e37_79b9;
+        for k in 0..40_000u32 {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            let b = ((k % 4) << TAG_SHIFT) | (x & ((1 << TAG_SHIFT) - 1));
+            // A host state with any disjoint duplicate and remote masks round-trips.
+            let (dup, remote) = ((x & 0xffff) as u16, (x >> 16) as u16);
+            let f = Fields { dup: dup & !remote, remote, cpu_mapped: k % 2 == 0, ..Fields::HOST };
+            assert_eq!(f.pack().unpack(), f, "{x:#x}");
+            for b in [b, b & !H_TRITS, b & (TAG_SHIFT_MASK | 0xff)] {
+                let s = PageState::from_bits(b);
+                let f = s.unpack();
+                assert_eq!(s.loc(), f.loc, "{b:#x}");
+                assert_eq!(s.pinned(), f.pinned, "{b:#x}");
+                assert_eq!(s.dirty(), f.dirty, "{b:#x}");
+                assert_eq!(s.host_valid(), f.host_valid, "{b:#x}");
+                assert_eq!(s.cpu_mapped(), f.cpu_mapped, "{b:#x}");
+                assert_eq!(s.parked(), f.parked, "{b:#x}");
+            }
+        }
+    }
+
+    /// The tag bits of a packed state.
+    const TAG_SHIFT_MASK: u32 = 3 << TAG_SHIFT;
 
     /// The one lost state, as `pack` writes it.
     fn lost() -> PageState {
