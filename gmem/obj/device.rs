@@ -1130,7 +1130,7 @@ impl Device {
         let mut picked = [0u64; 64];
         let n = n.min(picked.len());
         let mut pool = self.pool();
-        let FramePool { flags, hand, owner, charges, .. } = &mut *pool;
+        let FramePool { flags, hand, owner, charges, lent, .. } = &mut *pool;
         // Frames of one pool share the answer: the last one is remembered.
         let mut last: Option<(usize, bool)> = None;
         let mut test = |f: usize| {
@@ -1144,7 +1144,8 @@ impl Device {
             last = Some((f, yes));
             yes
         };
-        let k = Clock::new(flags, hand).select_where(&mut picked[..n], &mut test);
+        // `lent` counts the `F_LENT` frames exactly (`FramePool::recount` on every change).
+        let k = Clock::with_lent(flags, hand, *lent).select_where(&mut picked[..n], &mut test);
         let mut out = KVec::with_capacity(k, GFP_KERNEL)?;
         let mut in_transit = 0;
         for &f in &picked[..k] {

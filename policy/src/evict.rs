@@ -38,6 +38,8 @@ fn evictable(f: u8) -> bool {
 pub struct Clock<'a> {
     flags: &'a mut [u8],
     hand: &'a mut u64,
+    /// Whether any frame may be `F_LENT` (if not, the lent tier's scan is skipped).
+    lent: bool,
 }
 
 impl<'a> Clock<'a> {
@@ -46,7 +48,14 @@ impl<'a> Clock<'a> {
         if usize::try_from(*hand).map_or(true, |h| h >= flags.len()) {
             *hand = 0;
         }
-        Clock { flags, hand }
+        Clock { flags, hand, lent: true }
+    }
+
+    /// [`Clock::new`] for a caller that counts its `F_LENT` frames exactly (`lent`): with
+    /// none, `select` skips the lent tier, two scans of the whole flag array per call that
+    /// would find nothing (most pools lend nothing; a pool of 64 MiB is 16384 frames).
+    pub fn with_lent(flags: &'a mut [u8], hand: &'a mut u64, lent: u64) -> Self {
+        Clock { lent: lent > 0, ..Clock::new(flags, hand) }
     }
 
     /// Chooses up to `out.len()` victims into `out` and returns how many: first the
@@ -65,7 +74,8 @@ impl<'a> Clock<'a> {
         let n = self.flags.len();
         let mut k = 0;
         // Tier 1: lent frames, clean before dirty.
-        for want_clean in [true, false] {
+        let tiers: &[bool] = if self.lent { &[true, false] } else { &[] };
+        for &want_clean in tiers {
             for (i, &f) in self.flags.iter().enumerate() {
                 if k == out.len() {
                     return k;

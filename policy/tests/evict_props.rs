@@ -105,6 +105,26 @@ proptest! {
         }
     }
 
+    /// With an exact count of its lent frames, the view that may skip the lent tier
+    /// chooses exactly what the plain one does, and leaves the same flags and hand.
+    #[test]
+    fn counted_lent_view_selects_the_same(
+        orig in flags(), h0 in hand(), max in 0usize..260, no_lent in any::<bool>()
+    ) {
+        // Half the cases without any lent frame: the tier is skipped there.
+        let orig: Vec<u8> = if no_lent { orig.iter().map(|f| f & !F_LENT).collect() } else { orig };
+        let lent = orig.iter().filter(|&&f| f & F_LENT != 0).count() as u64;
+        let (mut f, mut h) = (orig.clone(), h0);
+        let (mut cf, mut ch) = (orig.clone(), h0);
+        let mut out = vec![0u64; max];
+        let mut cout = vec![0u64; max];
+        let k = Clock::new(&mut f, &mut h).select(&mut out);
+        let ck = Clock::with_lent(&mut cf, &mut ch, lent).select(&mut cout);
+        prop_assert_eq!(&out[..k], &cout[..ck]);
+        prop_assert_eq!(&f, &cf);
+        prop_assert_eq!(h, ch);
+    }
+
     #[test]
     fn select_matches_reference_and_guarantees(
         orig in flags(), h0 in hand(), max in 0usize..260, rounds in 1usize..4
