@@ -11,8 +11,9 @@
 //! descriptors that the engine works through back to back, whichever CPU runs the worker
 //! and whenever. The worker moves the data; if the booking has not ended by then, the copy
 //! waits in the channel's landing list and the channel's timer completes it when the
-//! booking ends, from hard interrupt context, as a real engine's completion interrupt would
-//! (`gmem_fence_signal` may be called from any context). So the fence is signalled one
+//! booking ends, from interrupt context (hard; softirq on PREEMPT_RT), as a real
+//! engine's completion interrupt would (`gmem_fence_signal` may be called from any
+//! context). So the fence is signalled one
 //! wake-up after the booking ends (gmem's waiter's), not two (the worker's, then the
 //! waiter's): under TCG each wake-up of an idle vCPU costs 0.1-1 ms.
 //!

@@ -288,16 +288,25 @@ pub(crate) fn device_fault(dev: &Arc<Device>, space: &Space, addrs: &[u64], writ
             // fault then finds it fetched, or in flight under its block lock. (A trace of
             // PL's first fault: its second block's batch started 1.9 ms after the first
             // block's copies ended, the link idle meanwhile, and the fault took 13.4 ms.)
+            // The prediction follows the rules above: the next block continues this
+            // stream only if the device has the frames (`rest_fits`), and its own quarter
+            // counts its pages in this region. The chain starts at exactly that block
+            // (`readahead::after_next`), even where an earlier chain stopped further on.
             let next_in_stream = tune::PREFETCH.load(Relaxed)
                 && blocks.peek().is_some_and(|b| {
-                    let adjacent = b.first().is_some_and(|&n| {
-                        usize::try_from(n).is_ok_and(|n| {
-                            r.index(n).is_some() && block_base(a0).checked_add(BLOCK_BYTES) == Some(block_base(n))
-                        })
+                    let in_r = |a: &u64| usize::try_from(*a).is_ok_and(|a| r.index(a).is_some());
+                    let adjacent = b.first().filter(|a| in_r(a)).is_some_and(|&n| {
+                        block_base(a0).checked_add(BLOCK_BYTES) == usize::try_from(n).ok().map(block_base)
                     });
-                    adjacent && (quarter || b.len() >= BLOCK_PAGES / 4)
+                    adjacent && ((quarter && rest_fits(dev)) || b.iter().filter(|a| in_r(a)).count() >= BLOCK_PAGES / 4)
                 });
-            let started: Option<&dyn Fn()> = ((stream && last) || next_in_stream).then_some(&ask);
+            let ask_next = || {
+                if !asked.replace(true) {
+                    readahead::after_next(dev, &r, block_base(a0));
+                }
+            };
+            let started: Option<&dyn Fn()> =
+                if next_in_stream { Some(&ask_next) } else { (stream && last).then_some(&ask) };
             fault_pages(dev, space, (&r, vma), &idx, (write, d), (stream, started), &mut waits)?;
             streamed = (stream && quarter).then(|| (r.clone(), block_base(a0)));
             if stream {

@@ -206,6 +206,18 @@ fn hand_on(dev: &Arc<Device>, r: &Arc<Region>, done: usize) {
 /// position by itself), one starts at the next block, or where the last chain in this
 /// region stopped if that is further on and within the depth.
 pub(crate) fn after(dev: &Arc<Device>, r: &Arc<Region>, block_va: usize) {
+    start_chain(dev, r, block_va, true);
+}
+
+/// [`after`], but a chain it starts starts at exactly the next block, not where the last
+/// chain in this region stopped: for a fault that is about to fetch that very block
+/// itself (`fault::device_fault`), which the chain must not overtake.
+pub(crate) fn after_next(dev: &Arc<Device>, r: &Arc<Region>, block_va: usize) {
+    start_chain(dev, r, block_va, false);
+}
+
+/// [`after`]; `resume`: start where the last chain in this region stopped, if further on.
+fn start_chain(dev: &Arc<Device>, r: &Arc<Region>, block_va: usize, resume: bool) {
     if !tune::READAHEAD.load(Relaxed) || !dev.alive() {
         return;
     }
@@ -216,7 +228,7 @@ pub(crate) fn after(dev: &Arc<Device>, r: &Arc<Region>, block_va: usize) {
     if dev.ahead_token.compare_exchange(false, true, Acquire, Relaxed).is_err() {
         return;
     }
-    let to = same.then(|| dev.ahead_to.load(Relaxed));
+    let to = (same && resume).then(|| dev.ahead_to.load(Relaxed));
     // Where the last chain stopped in this region, unless that is stale
     // (`policy::prefetch::chain_start`), in block numbers.
     let at = block_va / BLOCK_BYTES;
