@@ -13,9 +13,9 @@
 //! waits in the channel's landing list and the channel's timer completes it when the
 //! booking ends, from interrupt context (hard; softirq on PREEMPT_RT), as a real
 //! engine's completion interrupt would (`gmem_fence_signal` may be called from any
-//! context). So the fence is signalled one
-//! wake-up after the booking ends (gmem's waiter's), not two (the worker's, then the
-//! waiter's): under TCG each wake-up of an idle vCPU costs 0.1-1 ms.
+//! context). So the fence is signalled one wake-up after the booking ends (gmem's
+//! waiter's), not two (the worker's, then the waiter's): under TCG each wake-up of an idle
+//! vCPU costs 0.1-1 ms.
 //!
 //! **Lifetimes.** A channel is shared (`Arc`) by its device and, while it has work, by its
 //! queued work item; a queued or landing copy holds its device (`Arc<SimDev>`), so neither
@@ -183,19 +183,18 @@ impl WorkItem for Channel {
                 let (todo, fires) = (plan.todo, plan.fires);
                 let r = dev.move_data(sub.job(), &plan);
                 let moved = if r.is_ok() || fires { todo } else { 0 };
-                let at = dev.landing_at(&plan).filter(|at| before(Instant::now(), *at));
-                let copy = Landing { at: at.unwrap_or_else(Instant::now), dev, sub, moved, r };
-                match at {
-                    Some(_) => {
-                        if let Err(copy) = ch.land(copy) {
-                            // No room in the landing list: wait here instead.
-                            if let Some(b) = plan.booking {
-                                copy.dev.links.wait(b);
-                            }
-                            copy.finish();
-                        }
+                let now = Instant::now();
+                let at = dev.landing_at(&plan).filter(|at| before(now, *at));
+                let copy = Landing { at: at.unwrap_or(now), dev, sub, moved, r };
+                if at.is_none() {
+                    // The booking has ended (or there is none): complete it now.
+                    copy.finish();
+                } else if let Err(copy) = ch.land(copy) {
+                    // No room in the landing list: wait here instead.
+                    if let Some(b) = plan.booking {
+                        copy.dev.links.wait(b);
                     }
-                    None => copy.finish(),
+                    copy.finish();
                 }
             }
         }
@@ -228,7 +227,7 @@ impl Channel {
     /// Puts `copy` in the landing list, in order of its link time's end, and arms the timer
     /// if the copy ends before what it is armed for; gives the copy back if the list has
     /// no room (interrupts are off here: no sleeping allocation).
-    fn land(self: &Arc<Self>, copy: Landing) -> core::result::Result<(), Landing> {
+    fn land(&self, copy: Landing) -> core::result::Result<(), Landing> {
         let mut l = self.landed.lock();
         if l.copies.reserve(1, GFP_ATOMIC).is_err() {
             return Err(copy);

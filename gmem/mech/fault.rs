@@ -279,19 +279,16 @@ pub(crate) fn device_fault(dev: &Arc<Device>, space: &Space, addrs: &[u64], writ
                     readahead::after(dev, &r, block_base(a0));
                 }
             };
-            // The fault's next block is the next one of this region and will be streamed
-            // (this block streams by the quarter rule, so the stream goes on into it, or
-            // its own pages are a quarter of a block): read-ahead starts there as soon as
-            // this batch's copies are on the link, so that a worker sets up that block's
-            // batch while this one is copied (the chain's first block is the one this
-            // fault fetches next, so no other block goes on the link before it). This
+            // The fault's next block is the next one of this region and will be streamed,
+            // by the rules above: this block streams by the quarter rule and the device has
+            // the frames for the next (`rest_fits`), or the next block's own pages in this
+            // region are a quarter of a block. Then read-ahead starts at exactly that block
+            // (`readahead::after_next`, even where an earlier chain stopped further on) as
+            // soon as this batch's copies are on the link, so that a worker sets up its
+            // batch while this one is copied; nothing goes on the link before it, and this
             // fault then finds it fetched, or in flight under its block lock. (A trace of
             // PL's first fault: its second block's batch started 1.9 ms after the first
             // block's copies ended, the link idle meanwhile, and the fault took 13.4 ms.)
-            // The prediction follows the rules above: the next block continues this
-            // stream only if the device has the frames (`rest_fits`), and its own quarter
-            // counts its pages in this region. The chain starts at exactly that block
-            // (`readahead::after_next`), even where an earlier chain stopped further on.
             let next_in_stream = tune::PREFETCH.load(Relaxed)
                 && blocks.peek().is_some_and(|b| {
                     let in_r = |a: &u64| usize::try_from(*a).is_ok_and(|a| r.index(a).is_some());

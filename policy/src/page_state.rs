@@ -358,9 +358,14 @@ impl PageState {
         self.0
     }
 
+    /// The location tag (`TAG_*`).
+    fn tag(self) -> u32 {
+        self.0 >> TAG_SHIFT
+    }
+
     fn unpack(self) -> Fields {
         let v = self.0;
-        match v >> TAG_SHIFT {
+        match self.tag() {
             TAG_HOST => {
                 let (mut dup, mut remote) = (0u16, 0u16);
                 let mut t = v & H_TRITS;
@@ -403,7 +408,7 @@ impl PageState {
 
     /// Where the authoritative copy lives.
     pub fn loc(self) -> Loc {
-        match self.0 >> TAG_SHIFT {
+        match self.tag() {
             TAG_HOST => Loc::Host,
             // The mask keeps the owner below 16, so the cast is lossless.
             TAG_DEV => Loc::Device(((self.0 >> D_OWNER_SHIFT) & 0xf) as u8),
@@ -413,7 +418,7 @@ impl PageState {
     }
     /// Flag `b` of a state on a device (every device flag is false elsewhere).
     fn dev_flag(self, b: u32) -> bool {
-        self.0 >> TAG_SHIFT == TAG_DEV && self.0 & b != 0
+        self.tag() == TAG_DEV && self.0 & b != 0
     }
     /// Never evicted from its device.
     pub fn pinned(self) -> bool {
@@ -425,11 +430,11 @@ impl PageState {
     }
     /// A host page exists and holds the current data.
     pub fn host_valid(self) -> bool {
-        self.0 >> TAG_SHIFT == TAG_HOST || self.dev_flag(D_HOST_VALID)
+        self.tag() == TAG_HOST || self.dev_flag(D_HOST_VALID)
     }
     /// The CPU page table maps the host page.
     pub fn cpu_mapped(self) -> bool {
-        self.0 >> TAG_SHIFT == TAG_HOST && self.0 & H_CPU_MAPPED != 0
+        self.tag() == TAG_HOST && self.0 & H_CPU_MAPPED != 0
     }
     /// Parked on its owner device for another one (see the module documentation).
     pub fn parked(self) -> bool {
