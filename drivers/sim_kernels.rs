@@ -352,12 +352,7 @@ impl<'a, 's> Runner<'a, 's> {
             let seg = core::cmp::min(left, sub(PAGE, s & PAGE_OFFSET)?);
             let so = usize::try_from(s & PAGE_OFFSET).map_err(|_| EOVERFLOW)?;
             let words = usize::try_from(seg / 4).map_err(|_| EOVERFLOW)?;
-            self.access(s, false, None, |ps, _, sc| {
-                let src = sc.src.get_mut(..words).ok_or(EINVAL)?;
-                ps.read_words(so, src)?;
-                src.iter().for_each(|w| f(*w));
-                Ok(())
-            })?;
+            self.access(s, false, None, |ps, _, _| ps.each_word(so, words, &mut f))?;
             off = add(off, seg)?;
         }
         Ok(())

@@ -57,6 +57,37 @@ impl Mapped<'_> {
         Ok(())
     }
 
+    /// Calls `f` on each of the `words` words from byte offset `off` (any alignment), in
+    /// order, as a device's compute unit streams them from its memory: no copy in between.
+    /// `EINVAL` past the page.
+    pub(crate) fn each_word(&self, off: usize, words: usize, mut f: impl FnMut(u32)) -> Result {
+        let n = words.checked_mul(4).ok_or(EINVAL)?;
+        if off.checked_add(n).is_none_or(|e| e > PAGE_SIZE) {
+            return Err(EINVAL);
+        }
+        // Four words per load where it can (the loop's own instructions cost as much as the
+        // computation under TCG), then the rest one by one.
+        let quads = words / 4;
+        for q in 0..quads {
+            // SAFETY: the 16 bytes at `off + 16 q` lie in `[off, off + n)` (`4 q + 3 < words`),
+            // inside the mapped page (checked; type invariant); an unaligned read of plain
+            // integers, as in `read_words` (another launch may write the page meanwhile, as
+            // on hardware).
+            let w = unsafe { core::ptr::read_unaligned(self.addr.add(off + 16 * q).cast::<[u32; 4]>()) };
+            // (Four calls, not a loop over `w`: the compiler keeps these in registers.)
+            f(w[0]);
+            f(w[1]);
+            f(w[2]);
+            f(w[3]);
+        }
+        for k in 4 * quads..words {
+            // SAFETY: as above, for the word `k < words`.
+            let w = unsafe { core::ptr::read_unaligned(self.addr.add(off + 4 * k).cast::<u32>()) };
+            f(w);
+        }
+        Ok(())
+    }
+
     /// Writes the words of `src` at byte offset `off` (any alignment); `EINVAL` past the
     /// page.
     pub(crate) fn write_words(&self, off: usize, src: &[u32]) -> Result {

@@ -81,6 +81,14 @@ fn partial_ranges_and_offsets() -> TestResult {
     for k in 0..8200 / 4 {
         ensure!(w[10000 + k] == 7 + k as u32, "copy word {k} = {}", w[10000 + k]);
     }
+    // CHECKSUMs that start and end inside pages, at every word offset modulo 16 bytes and
+    // with word counts that are not multiples of four (the device reads four words at a
+    // time where it can, then one by one), against the CPU's checksum of the same words.
+    for (start, n) in [(4092u64, 8200u64), (4, 4), (8, 20), (12, 4100), (40000, 8196), (4096 * 3 - 4, 12)] {
+        let (a, b) = ((start / 4) as usize, ((start + n) / 4) as usize);
+        let o = ok!(s.checksum(r.addr + start, n));
+        ensure!(o.result == checksum(&w[a..b]), "checksum of [{start}, +{n}) differs from the CPU's");
+    }
     Ok(())
 }
 
