@@ -146,7 +146,9 @@ struct FrameSupply {
 }
 
 impl FrameSupply {
-    fn new(devs: &Devs, space: &Space, p: &Pages, steps: &[Step]) -> Self {
+    /// Frames for `steps`; those of a whole block go to the aligned chunk `chunk` names for
+    /// the device, if any.
+    fn new(devs: &Devs, space: &Space, p: &Pages, steps: &[Step], chunk: &dyn Fn(&Pages, u8) -> Option<u64>) -> Self {
         let mut want = [0usize; MAX_DEVICES];
         for st in steps {
             if let Some(d) = st.a.alloc_frame {
@@ -183,7 +185,7 @@ impl FrameSupply {
                             .iter()
                             .filter(|st| st.a.alloc_frame == Some(d as u8))
                             .map(|st| (st.i - r.start) as u64);
-                        let _ = dev.alloc_placed(chunk_of(p, d as u8), offs, &mut charges, &mut sup.frames[d]);
+                        let _ = dev.alloc_placed(chunk(p, d as u8), offs, &mut charges, &mut sup.frames[d]);
                     } else {
                         let _ = dev.alloc_frames(&mut charges, &mut sup.frames[d]);
                     }
@@ -223,6 +225,62 @@ impl FrameSupply {
             }
         }
     }
+}
+
+/// Step 1 for `steps`: each step's host page and frame, into `fresh` (one per step, in the
+/// same order), up to the first step that cannot have them (what that one got is freed).
+/// A whole block's frames go to the aligned chunk `chunk` names for their device, if any.
+/// Returns how many steps got theirs, the error that stopped the rest, and, when that was
+/// a dmem cgroup's limit on a device rather than the device being full, that cgroup's pool.
+fn allocate(
+    devs: &Devs,
+    space: &Space,
+    p: &mut Pages,
+    steps: &[Step],
+    fresh: &mut [Fresh],
+    chunk: &dyn Fn(&Pages, u8) -> Option<u64>,
+) -> (usize, Result, Option<Limit>) {
+    let mut supply = FrameSupply::new(devs, space, p, steps, chunk);
+    let (mut n, mut stop, mut limit) = (0, Ok(()), None);
+    for (st, slot) in steps.iter().zip(fresh.iter_mut()) {
+        let i = st.i;
+        let mut f = Fresh::default();
+        // A batch is one block's (the caller locked it).
+        if !p.contains(i) {
+            stop = Err(EINVAL);
+            break;
+        }
+        if st.a.alloc_host && p.host(i).is_none() {
+            // A page a D2H copy fills whole needs no zeroing first.
+            match HostPage::alloc(space.mm(), !matches!(st.a.copy, Copy::D2H(_))) {
+                Ok(pg) => {
+                    drop(p.set_host(i, Some(pg)));
+                    f.host = true;
+                }
+                Err(e) => {
+                    stop = Err(e);
+                    break;
+                }
+            }
+        }
+        if let Some(d) = st.a.alloc_frame {
+            match supply.take(devs, d) {
+                Ok(fr) => f.frame = Some((d, fr)),
+                Err(e) => {
+                    undo(p, i, &f, devs);
+                    if e == ENOSPC {
+                        limit = supply.limit(d);
+                    }
+                    stop = Err(e);
+                    break;
+                }
+            }
+        }
+        *slot = f;
+        n += 1;
+    }
+    supply.give_back(devs);
+    (n, stop, limit)
 }
 
 /// [`undo`] for every step of `steps` (`fresh` their allocations, in the same order).
@@ -608,7 +666,6 @@ pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outco
         }
     }
     let fresh: &mut [Fresh] = if steps.len() > SMALL { &mut big } else { &mut small[..steps.len()] };
-    let mut nfresh = 0;
     let dups_needed = steps
         .iter()
         .filter(|st| st.a.owner_to_dup.is_some() || st.a.alloc_frame.is_some_and(|d| st.next.loc() != Loc::Device(d)))
@@ -618,58 +675,29 @@ pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outco
     }
     let space = &env.region.space;
 
-    // 1. Allocation.
-    let mut supply = FrameSupply::new(&devs, space, p, steps);
-    let mut stop = Ok(());
-    let mut limit = None;
-    for st in steps {
-        let i = st.i;
-        let mut f = Fresh::default();
-        // A batch is one block's (the caller locked it).
-        if !p.contains(i) {
-            stop = Err(EINVAL);
-            break;
-        }
-        if st.a.alloc_host && p.host(i).is_none() {
-            // A page a D2H copy fills whole needs no zeroing first.
-            match HostPage::alloc(space.mm(), !matches!(st.a.copy, Copy::D2H(_))) {
-                Ok(pg) => {
-                    drop(p.set_host(i, Some(pg)));
-                    f.host = true;
-                }
-                Err(e) => {
-                    stop = Err(e);
-                    break;
-                }
-            }
-        }
-        if let Some(d) = st.a.alloc_frame {
-            match supply.take(&devs, d) {
-                Ok(fr) => f.frame = Some((d, fr)),
-                Err(e) => {
-                    undo(p, i, &f, &devs);
-                    if e == ENOSPC {
-                        limit = supply.limit(d);
-                    }
-                    stop = Err(e);
-                    break;
-                }
-            }
-        }
-        fresh[nfresh] = f;
-        nfresh += 1;
-    }
-    supply.give_back(&devs);
-    let steps = &steps[..nfresh];
-    let fresh = &fresh[..nfresh];
-    if steps.is_empty() {
+    // 1. Allocation: of every step, or, for a batch in parts, of the first part's; the
+    // others' are allocated while its copy is on the link (`pipelined`).
+    let plan = share_plan(steps, &devs);
+    let head_end = plan.map_or(steps.len(), |pl| pl.head_end(steps));
+    let (nfresh, stop, limit) = allocate(&devs, space, p, &steps[..head_end], &mut fresh[..head_end], &chunk_of);
+    let deferred = nfresh == head_end && head_end < steps.len();
+    // A first part that did not get everything ends the batch there, run as a batch of its
+    // own size.
+    let (steps, plan) = if deferred || nfresh == steps.len() {
+        (steps, plan)
+    } else {
+        let s = &steps[..nfresh];
+        (s, share_plan(s, &devs))
+    };
+    if nfresh == 0 {
         return Outcome { done: 0, res: stop, limit };
     }
     // Room for step 5's frame updates, so that nothing after the copy can fail; taken with
     // the other allocations, so that failing here still changes nothing.
     let mut ops: KVec<(u8, FrameOp)> = KVec::new();
-    if let Err(e) = ops.reserve(steps.iter().zip(fresh.iter()).map(|(st, f)| frame_ops(st, f)).sum(), GFP_KERNEL) {
-        undo_steps(p, steps, fresh, &devs);
+    let need = steps.iter().zip(fresh.iter()).take(nfresh).map(|(st, f)| frame_ops(st, f)).sum();
+    if let Err(e) = ops.reserve(need, GFP_KERNEL) {
+        undo_steps(p, &steps[..nfresh], &fresh[..nfresh], &devs);
         return Outcome::failed(e.into());
     }
 
@@ -679,9 +707,13 @@ pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outco
     // aligned), which may take one 2 MiB entry at the end instead (`map_batch`).
     let whole = steps.len() == BATCH_PAGES;
     // `mapped`: the parts' map result, if each part was mapped with it.
-    let (committed, res, mapped) = match share_plan(steps, &devs) {
-        Some(plan) => pipelined(env, p, steps, fresh, &devs, plan, (&mut ops, &mut kicked, &mut laps), !whole),
+    let (committed, res, mapped, rest) = match plan {
+        Some(plan) => {
+            pipelined(env, p, steps, (fresh, nfresh), &devs, plan, (&mut ops, &mut kicked, &mut laps), !whole)
+        }
         None => {
+            // Not in parts: every step was allocated above.
+            let fresh = &fresh[..steps.len()];
             // 2.-3. Revoke every mapping, 4. copy everything, 5. commit everything.
             revoke(env, p, steps, &devs);
             laps.lap(Phase::Revoke);
@@ -697,9 +729,11 @@ pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outco
             laps.lap(Phase::Copy);
             commit_steps(env, p, steps, fresh, &devs, &mut ops, &mut kicked);
             laps.lap(Phase::Commit);
-            (steps.len(), Ok(()), None)
+            (steps.len(), Ok(()), None, None)
         }
     };
+    // What stopped the allocation: of the first part's, or of the others' (`pipelined`).
+    let (stop, limit) = rest.unwrap_or((stop, limit));
     let steps = &steps[..committed];
     // The holders the updates replaced were dropped with each part's commit, without any
     // pool lock. They are all references to this region (the frames freed or re-owned
@@ -807,14 +841,36 @@ fn commit_steps(
 }
 
 /// How [`pipelined`] runs a batch: its copies' one driver call, `(direction, source,
-/// destination)`, and how many entries each part takes.
+/// destination)`, and how many entries its first part takes.
 #[derive(Clone, Copy)]
 struct SharePlan {
     key: CopyKey,
-    /// Copy entries in all.
-    n: usize,
-    per: usize,
+    /// Copy entries of the first part (fewer than the batch's).
+    head: usize,
 }
+
+impl SharePlan {
+    /// One past the step of `steps` with the first part's last copy entry.
+    fn head_end(&self, steps: &[Step]) -> usize {
+        let mut copies = 0;
+        for (k, st) in steps.iter().enumerate() {
+            if copy_key(st.a.copy).is_some() {
+                copies += 1;
+                if copies == self.head {
+                    return k + 1;
+                }
+            }
+        }
+        steps.len()
+    }
+}
+
+/// Copy entries in a batch's first part at most ([`pipelined`]): its copy starts once its
+/// own pages are allocated and revoked, and the other parts' allocation and revoke run
+/// while it is on the link. (Traces of PL's PREFETCH: a first block of 230-512 pages took
+/// 0.17-0.45 ms to allocate and 0.27-0.64 ms to revoke before its first copy started, the
+/// link idle; 128 pages take 1.5 ms on PL's link at 350 MB/s.)
+const HEAD_PAGES: usize = 128;
 
 /// Whether a batch runs in parts ([`pipelined`]): every copy it needs is the same driver
 /// call (one direction between the same devices, of the same driver), the source device
@@ -840,57 +896,49 @@ fn share_plan(steps: &[Step], devs: &Devs) -> Option<SharePlan> {
     if parts < 2 || (key.0 == GMEM_COPY_H2D && multipath::pick(src, n).is_some()) {
         return None;
     }
-    Some(SharePlan { key, n, per: n.div_ceil(parts) })
+    // Two shares or more: `n >= 2 * CHUNK_MIN_PAGES`, and the first part leaves copies.
+    Some(SharePlan { key, head: core::cmp::min(HEAD_PAGES, n.div_ceil(parts)) })
 }
 
 /// Steps 2 to 6 of a batch in parts, so that the work after each copy overlaps the other
-/// parts' copies instead of waiting for all of them: every page's mappings are revoked,
-/// then every part's copy is started, each on the next channel; then part by part, in
-/// order, its copy is waited for and its pages committed, and mapped if `map_each` (while
-/// the parts after it are still on the link). A part is the steps up to its last copy
-/// entry (`plan.per` of them; the last part also takes the steps after it).
+/// parts' copies instead of waiting for all of them. The first part (`plan.head` copies)
+/// has its mappings revoked and its copy started first; while it is on the link, the
+/// other steps get their allocations (step 1, unless the caller made them: `fresh` holds
+/// the first `allocated` steps'), their mappings are revoked, and they are started in
+/// parts, as many as the channels and the copies left allow (`shares`), each on the next
+/// channel. Then part by part, in order, its copy is waited for and its pages committed,
+/// and mapped if `map_each` (while the parts after it are still on the link). A part is
+/// the steps up to its last copy entry; the last part also takes the steps after it.
 ///
 /// Ordering: a page's mappings are revoked before its copy starts and its state commits
 /// after its copy completed, as for a whole batch; the block lock is held throughout, so
-/// nobody sees a part committed while a later one is on the link. If a part fails to start,
-/// no later part is started; if a part's copy completes with an error, no later part is
-/// committed (all were started by then). Once every started copy completed, the parts
-/// before the failed one stay committed and the steps from it on are undone (their
-/// mappings were revoked: they come back on the next fault). Returns how many steps were
-/// committed, the error that stopped the rest, and, if `map_each`, the parts' first map
-/// error or `Ok` (`None` otherwise: the caller maps).
+/// nobody sees a part committed while a later one is on the link. If the other steps'
+/// allocation stops, the batch ends before the first step that did not get its own (the
+/// allocation's error and cgroup pool are returned, as `apply_batch`'s first step would).
+/// If a part fails to start, no later part is started; if a part's copy completes with an
+/// error, no later part is committed (all were started by then). Once every started copy
+/// completed, the parts before the failed one stay committed and the steps from it on are
+/// undone (their mappings, if they were revoked, come back on the next fault). Returns
+/// how many steps were committed, the error that stopped the rest, if `map_each` the
+/// parts' first map error or `Ok` (`None` otherwise: the caller maps), and what stopped
+/// the other steps' allocation, if this made it.
+/// What stopped a batch's allocation (step 1): the error, and the dmem cgroup pool whose
+/// limit it was, if it was one ([`Outcome::limit`]).
+type AllocStop = (Result, Option<Limit>);
+
 #[allow(clippy::too_many_arguments)]
 fn pipelined(
     env: &Env<'_>,
     p: &mut Pages,
     steps: &[Step],
-    fresh: &[Fresh],
+    (fresh, allocated): (&mut [Fresh], usize),
     devs: &Devs,
     plan: SharePlan,
     (ops, kicked, laps): (&mut KVec<(u8, FrameOp)>, &mut u16, &mut Laps),
     map_each: bool,
-) -> (usize, Result, Option<Result>) {
+) -> (usize, Result, Option<Result>, Option<AllocStop>) {
     let (dir, from, to) = plan.key;
-    // Part boundaries (one past each part's last step), and the copy entries of every part,
-    // kept until every copy completed: declared before the sections and the fences, so
-    // dropped after them.
-    let parts = plan.n.div_ceil(plan.per);
-    let mut ends: KVec<usize> = KVec::new();
-    let mut lists: KVec<KVec<(CopyKey, KVec<GmemCopy>)>> = KVec::new();
-    if ends.reserve(parts, GFP_KERNEL).is_err() || lists.reserve(parts, GFP_KERNEL).is_err() {
-        undo_steps(p, steps, fresh, devs);
-        return (0, Err(ENOMEM), None);
-    }
-    let mut copies = 0usize;
-    for (k, st) in steps.iter().enumerate() {
-        if copy_key(st.a.copy).is_some() {
-            copies += 1;
-            if copies % plan.per == 0 || copies == plan.n {
-                // At most `parts` boundaries: reserved above.
-                let _ = ends.push_within_capacity(if copies == plan.n { steps.len() } else { k + 1 });
-            }
-        }
-    }
+    let head_end = plan.head_end(steps);
     let sections = devs.get(from).and_then(|src| {
         let sops = src.ops().ok_or(ENODEV)?;
         let dops = match dir {
@@ -902,45 +950,108 @@ fn pipelined(
     let (src, sops, dops) = match sections {
         Ok(s) => s,
         Err(e) => {
-            undo_steps(p, steps, fresh, devs);
-            return (0, Err(e), None);
+            undo_steps(p, &steps[..allocated], &fresh[..allocated], devs);
+            return (0, Err(e), None, None);
         }
     };
     let peer = dops.as_deref();
     let chans = sops.channels();
     let stat = pages_stat(src, dir);
-    // Declared after `lists` and the sections: dropped (waited for) before them.
+    // Part boundaries (one past each part's last step), and the copy entries of every part,
+    // kept until every copy completed: declared before the fences, so dropped after them.
+    // The first part and at most one per channel after it.
+    let most = 1 + chans as usize;
+    let mut ends: KVec<usize> = KVec::new();
+    let mut lists: KVec<KVec<(CopyKey, KVec<GmemCopy>)>> = KVec::new();
+    if ends.reserve(most, GFP_KERNEL).is_err() || lists.reserve(most, GFP_KERNEL).is_err() {
+        undo_steps(p, &steps[..allocated], &fresh[..allocated], devs);
+        return (0, Err(ENOMEM), None, None);
+    }
+    // Declared after `lists`: dropped (waited for) before it.
     let mut flight = InFlight(KVec::new());
-    let mut res = Ok(());
-    let mut begin = 0;
-    // A 2 MiB entry would also map a page that a step of an earlier part leaves unmapped
-    // (read-ahead's marker): only if every step maps.
-    let all_map = steps.iter().all(|st| st.a.map_dev.is_some());
-    // Every part's mappings at once, as for a whole batch: one CPU zap and one device TLB
-    // flush per run, not per part.
-    revoke(env, p, steps, devs);
+    // Starts the copy of the part `part` (allocated as `made`) on the next channel, its
+    // entries kept in `lists` (capacity reserved above; the entries' buffer does not move
+    // when later parts are pushed).
+    let mut start_part = |p: &Pages, part: &[Step], made: &[Fresh], flight: &mut InFlight| -> Result {
+        let l = copy_lists(p, part, made)?;
+        lists.push_within_capacity(l).map_err(|_| ENOMEM)?;
+        let entries: &[GmemCopy] = lists.last().and_then(|l| l.first()).map_or(&[], |(_, e)| &e[..]);
+        DevStats::add(stat, entries.len() as u64);
+        DevStats::add(&src.stats.copy_calls, 1);
+        trace::migrate(dir, src.id, (dir == GMEM_COPY_D2D).then_some(usize::from(to)), entries.len());
+        start(flight, &sops, src.next_channel(chans), dir, entries, peer)
+    };
+    // The first part.
+    revoke(env, p, &steps[..head_end], devs);
     laps.lap(Phase::Revoke);
-    for &end in ends.iter() {
-        let (part, made) = (&steps[begin..end], &fresh[begin..end]);
-        let started = copy_lists(p, part, made).and_then(|l| {
-            // Kept in `lists` before the copy starts (capacity reserved above; the entries'
-            // buffer does not move when later parts are pushed).
-            lists.push_within_capacity(l).map_err(|_| ENOMEM)?;
-            let entries: &[GmemCopy] = lists.last().and_then(|l| l.first()).map_or(&[], |(_, e)| &e[..]);
-            DevStats::add(stat, entries.len() as u64);
-            DevStats::add(&src.stats.copy_calls, 1);
-            trace::migrate(dir, src.id, (dir == GMEM_COPY_D2D).then_some(usize::from(to)), entries.len());
-            start(&mut flight, &sops, src.next_channel(chans), dir, entries, peer)
-        });
-        if let Err(e) = started {
-            res = Err(e);
-            break;
+    // At most `most` boundaries: reserved above.
+    let _ = ends.push_within_capacity(head_end);
+    let mut res = start_part(p, &steps[..head_end], &fresh[..head_end], &mut flight);
+    // The others, while it is on the link.
+    let mut made = allocated;
+    let mut rest_alloc = None;
+    if res.is_ok() && allocated < steps.len() {
+        let (n, mut stop, mut limit) = {
+            let (head, others) = fresh.split_at_mut(allocated);
+            let head = (&steps[..allocated], &*head);
+            // The first part's frames name the block's chunk on their device, before
+            // they are committed.
+            allocate(devs, &env.region.space, p, &steps[allocated..], others, &|p, d| {
+                chunk_of(p, d).or_else(|| head_chunk(p, head.0, head.1, d))
+            })
+        };
+        made = allocated + n;
+        let need = steps[allocated..made].iter().zip(&fresh[allocated..made]).map(|(st, f)| frame_ops(st, f)).sum();
+        if let Err(e) = ops.reserve(need, GFP_KERNEL) {
+            undo_steps(p, &steps[allocated..made], &fresh[allocated..made], devs);
+            made = allocated;
+            (stop, limit) = (Err(e.into()), None);
         }
-        begin = end;
+        rest_alloc = Some((stop, limit));
+        laps.lap(Phase::Alloc);
+    }
+    if res.is_ok() {
+        // The other parts: the copies left, shared between the channels.
+        let rest = &steps[head_end..made];
+        let n = rest.iter().filter(|st| copy_key(st.a.copy).is_some()).count();
+        if n == 0 {
+            // Steps without a copy only: the allocation stopped soon after the first part
+            // (its error says why; the first part has fewer copies than the batch), which
+            // ends the batch.
+            undo_steps(p, rest, &fresh[head_end..made], devs);
+            made = head_end;
+        } else {
+            let per = n.div_ceil(shares(n, chans));
+            let mut copies = 0usize;
+            for (k, st) in rest.iter().enumerate() {
+                if copy_key(st.a.copy).is_some() {
+                    copies += 1;
+                    if copies % per == 0 || copies == n {
+                        // At most `shares <= chans` boundaries here: reserved above.
+                        let _ = ends.push_within_capacity(if copies == n { made } else { head_end + k + 1 });
+                    }
+                }
+            }
+            // Every other part's mappings at once: one CPU zap and one device TLB flush
+            // per run, not per part.
+            revoke(env, p, rest, devs);
+            laps.lap(Phase::Revoke);
+            let mut begin = head_end;
+            for &end in ends.iter().skip(1) {
+                if let Err(e) = start_part(p, &steps[begin..end], &fresh[begin..end], &mut flight) {
+                    res = Err(e);
+                    break;
+                }
+                begin = end;
+            }
+        }
     }
     if let Some(f) = env.started {
         f();
     }
+    // A 2 MiB entry would also map a page that a step of an earlier part leaves unmapped
+    // (read-ahead's marker): only if every step maps.
+    let all_map = steps.iter().all(|st| st.a.map_dev.is_some());
     // Commit every started part, in order, as its copy completes; stop at the first that
     // failed. A part that failed to start (`res`) ends the started ones.
     let mut committed = 0;
@@ -966,10 +1077,18 @@ fn pipelined(
     // Every started copy completes before its frames, pages or entries can go.
     let _ = flight.wait_all();
     drop(flight);
-    undo_steps(p, &steps[committed..], &fresh[committed..], devs);
+    undo_steps(p, &steps[committed..made], &fresh[committed..made], devs);
     // The earliest failure: a copy that completed with an error comes before a part that
     // failed to start (every started part came before it).
-    (committed, waited.and(res), map_each.then_some(mapped))
+    (committed, waited.and(res), map_each.then_some(mapped), rest_alloc)
+}
+
+/// The aligned chunk of device `d` that the steps `head` (allocated as `fresh`, not yet
+/// committed) put the block `p`'s pages in, if they put one there at its place.
+fn head_chunk(p: &Pages, head: &[Step], fresh: &[Fresh], d: u8) -> Option<u64> {
+    let r = p.range();
+    let (st, f) = head.iter().zip(fresh).find_map(|(st, f)| f.frame.filter(|&(x, _)| x == d).map(|(_, f)| (st, f)))?;
+    u64::from(f).checked_sub(st.i.checked_sub(r.start)? as u64).filter(|b| b % CHUNK_FRAMES == 0)
 }
 
 /// Frame updates one step's commit makes: the old owner frame, its duplicates, and the

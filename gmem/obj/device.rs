@@ -739,7 +739,8 @@ impl Device {
     /// The channel for the next copy call, round robin over `chans` (nonzero) channels,
     /// so that the calls of concurrent batches spread over them.
     pub(crate) fn next_channel(&self, chans: u32) -> u32 {
-        self.chan_rr.fetch_add(1, Ordering::Relaxed) % chans
+        // (`chans` is nonzero; were it not, channel 0 rather than a panic.)
+        self.chan_rr.fetch_add(1, Ordering::Relaxed).checked_rem(chans).unwrap_or(0)
     }
 
     /// Records the link bandwidths the driver reported (MB/s, 0 unknown).

@@ -38,17 +38,20 @@ fn prefetch_moves_a_block_in_few_calls() -> TestResult {
     let pages = BLOCK / 4096;
     let (there, back) = (mid.copies - before.copies, after.copies - filled.copies);
     ensure!(there == pages && back == pages, "copied {there} and {back} pages, expected {pages} each");
-    // Device -> host revokes the device's 512 mappings: one run, so one flush (two if the
-    // advice's 512-page chunks straddle the range), where a per-page executor made 512.
+    // Device -> host revokes the device's 512 mappings: one run per batch, revoked in two
+    // goes (the first part's, before its copy starts, then the others'), so two flushes
+    // (four if the advice's 512-page chunks straddle the range), where a per-page executor
+    // made 512.
     let flushes = after.tlb_flushes - filled.tlb_flushes;
-    ensure!(flushes <= 2, "{flushes} TLB flushes for one 2 MiB block");
+    ensure!(flushes <= 4, "{flushes} TLB flushes for one 2 MiB block");
     ensure!(checksum(words(&r)) == checksum(&want), "data changed by the round trip");
     Ok(())
 }
 
-/// The copy engine fails after 200 pages of a 512-page batch, in each direction and from
-/// each path (PREFETCH, device faults): the call fails with the driver's error, and every
-/// page is still where it was, with its data, and moves fine afterwards. The moves cover
+/// The copy engine fails after 100 pages of a 512-page batch (within its first part, 128
+/// pages; t_chan.rs fails a later part), in each direction and from each path (PREFETCH,
+/// device faults): the call fails with the driver's error, and every page is still where
+/// it was, with its data, and moves fine afterwards. The moves cover
 /// one 2 MiB-aligned block inside a 4 MiB region, so that each is exactly one executor
 /// batch (the executor never batches across blocks, and ALLOC's address need not be
 /// 2 MiB-aligned).
@@ -63,7 +66,7 @@ fn copy_failure_mid_batch_keeps_every_page() -> TestResult {
     let pages = (len / 4096) as usize;
 
     // Host -> device by PREFETCH.
-    ok!(s.fail_copy(200, libc::EIO as u32));
+    ok!(s.fail_copy(100, libc::EIO as u32));
     expect_errno!(g.advise(a, len, GMEM_ADV_PREFETCH, 0, 0), libc::EIO);
     for (i, &w) in ok!(g.query(a, pages)).iter().enumerate() {
         ensure!(q_loc(w) == GMEM_LOC_HOST, "prefetch failed, page {i} in state {w:#x}");
@@ -90,7 +93,7 @@ fn copy_failure_mid_batch_keeps_every_page() -> TestResult {
     let want: Vec<u32> = (0..(len / 4) as u32).map(|i| 77u32.wrapping_add(i)).collect();
     let sum2 = checksum(&want);
     all_at(&ok!(g.query(a, pages)), GMEM_LOC_DEVICE, 0)?;
-    ok!(s.fail_copy(200, libc::EIO as u32));
+    ok!(s.fail_copy(100, libc::EIO as u32));
     expect_errno!(g.advise(a, len, GMEM_ADV_PREFETCH, GMEM_HOST, 0), libc::EIO);
     all_at(&ok!(g.query(a, pages)), GMEM_LOC_DEVICE, 0)?;
     let o = ok!(s.checksum(a, len));

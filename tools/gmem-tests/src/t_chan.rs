@@ -17,9 +17,9 @@ fn pattern(i: usize) -> u32 {
     (i as u32).wrapping_mul(2_654_435_761) ^ 0x00c0_ffee
 }
 
-/// A 4 MiB PREFETCH of two whole, aligned 2 MiB blocks: each block's 512 pages go as one
-/// part per channel (256 pages each), both started before either is waited for, so two
-/// copies are in flight at once; the workers copied every page, and nothing is left in
+/// A 4 MiB PREFETCH of two whole, aligned 2 MiB blocks: each block's 512 pages go as a
+/// first part of 128 pages and then one part per channel (192 pages each), the channels
+/// taken in turn, all started before any is waited for, so copies are in flight at once; the workers copied every page, and nothing is left in
 /// flight. (Aligned on purpose: a partial block's few pages would be a single part, which
 /// gmem copies synchronously.)
 fn prefetch_runs_on_every_channel_at_once() -> TestResult {
@@ -39,7 +39,7 @@ fn prefetch_runs_on_every_channel_at_once() -> TestResult {
     let d = |f: fn(&SimInfo) -> u64| f(&i1) - f(&i0);
     let pages = (LEN / 4096) as u64;
     ensure!(d(|i| i.async_pages) == pages, "the channels copied {} pages of {pages}", d(|i| i.async_pages));
-    ensure!(d(|i| i.async_calls) == 4, "{} channel calls for two blocks on two channels", d(|i| i.async_calls));
+    ensure!(d(|i| i.async_calls) == 6, "{} channel calls for two blocks on two channels", d(|i| i.async_calls));
     ensure!(i1.max_inflight >= 2, "at most {} copy in flight at once: the parts ran one by one", i1.max_inflight);
     ensure!(i1.inflight == 0, "{} copies still in flight after the PREFETCH returned", i1.inflight);
     let q = ok!(g.query(a, LEN / 4096));
@@ -50,9 +50,9 @@ fn prefetch_runs_on_every_channel_at_once() -> TestResult {
     Ok(())
 }
 
-/// A channel's copy fails part way (fault injection after 100 pages of a 256-page part):
-/// the device fault that needed it gets the errno (the launch fails with EIO), the other
-/// part's copy completed but is not committed, every page is still on the host with its
+/// A channel's copy fails part way (fault injection after 100 pages of the fault batch's
+/// first part, 128 pages): the device fault that needed it gets the errno (the launch
+/// fails with EIO), the other parts' copies completed but are not committed, every page is still on the host with its
 /// data, and the same launch then succeeds.
 fn failed_channel_copy_fails_the_fault() -> TestResult {
     let (g, s) = open()?;
@@ -73,10 +73,11 @@ fn failed_channel_copy_fails_the_fault() -> TestResult {
         let i1 = ok!(s.info());
         ensure!(i1.async_calls > i0.async_calls, "the failed copy did not run on a channel");
         ensure!(i1.inflight == 0, "{} copies still in flight after the failure", i1.inflight);
-        // The fault batch (256 pages) went as two 128-page parts: one copied whole, the
-        // other 100 pages before the injected failure. The channels count what they moved.
+        // The fault batch (256 pages) went as a first part of 128 pages, which copied 100
+        // before the injected failure, and two of 64, copied whole. The channels count what
+        // they moved.
         let moved = i1.async_pages - i0.async_pages;
-        ensure!(moved == 128 + 100, "the channels report {moved} pages moved; 128 + 100 expected");
+        ensure!(moved == 100 + 64 + 64, "the channels report {moved} pages moved; 100 + 64 + 64 expected");
         let q = ok!(g.query(a, LEN / 4096));
         ensure!(q.iter().all(|&w| q_loc(w) == GMEM_LOC_HOST), "a page left the host although its batch failed");
         Ok(())
@@ -95,9 +96,10 @@ fn failed_channel_copy_fails_the_fault() -> TestResult {
 
 /// A PREFETCH of one whole, aligned block is committed part by part, as each channel's
 /// copy completes (`migrate::pipelined`): when the second part's copy fails (after 100 of
-/// its 256 pages; the first part, a call long enough to fail, is let through), the advice
-/// fails with the errno, the first part's pages are on the device and the second part's
-/// are still on the host, and every page holds its data, on the device and on the CPU.
+/// its 192 pages; the first part, 128 pages, a call long enough to fail, is let through),
+/// the advice fails with the errno, the first part's pages are on the device and the
+/// others' are still on the host (the third part's copy completed, but is not committed),
+/// and every page holds its data, on the device and on the CPU.
 fn later_part_failure_keeps_earlier_parts() -> TestResult {
     let (g, s) = open()?;
     const LEN: usize = 2 << 20;
@@ -110,17 +112,17 @@ fn later_part_failure_keeps_earlier_parts() -> TestResult {
     let first = ((a - r.addr) / 4) as usize;
     let want: Vec<u32> = (first..first + LEN / 4).map(pattern).collect();
     let i0 = ok!(s.info());
-    // Two parts of 256 pages, one per channel.
+    // A first part of 128 pages, then one of 192 per channel.
     ensure!(i0.channels == CHANNELS, "the sim has {} copy channels, expected {CHANNELS}", i0.channels);
     ok!(s.fail_copy_skipping(1, 100, libc::EIO as u32));
     expect_errno!(g.advise(a, LEN as u64, GMEM_ADV_PREFETCH, 0, 0), libc::EIO);
     let i1 = ok!(s.info());
     ensure!(i1.inflight == 0, "{} copies still in flight after the failure", i1.inflight);
     let moved = i1.async_pages - i0.async_pages;
-    ensure!(moved == 256 + 100, "the channels report {moved} pages moved; 256 + 100 expected");
+    ensure!(moved == 128 + 100 + 192, "the channels report {moved} pages moved; 128 + 100 + 192 expected");
     let q = ok!(g.query(a, pages));
-    all_at(&q[..pages / 2], GMEM_LOC_DEVICE, 0).map_err(|e| format!("first part: {e}"))?;
-    all_at(&q[pages / 2..], GMEM_LOC_HOST, 0).map_err(|e| format!("second part: {e}"))?;
+    all_at(&q[..128], GMEM_LOC_DEVICE, 0).map_err(|e| format!("first part: {e}"))?;
+    all_at(&q[128..], GMEM_LOC_HOST, 0).map_err(|e| format!("later parts: {e}"))?;
     // The device reads every page right (the second part faults over now), so does the CPU.
     let o = ok!(s.checksum(a, LEN as u64));
     ensure!(o.result == checksum(&want), "the device reads wrong data after the failure");

@@ -141,6 +141,38 @@ fn cpu_and_device_alternate_writes_overcommitted() -> TestResult {
     Ok(())
 }
 
+/// A batch in parts gets the frames of its first part before that part's copy starts, and
+/// the others' while it is on the link (exec/migrate.rs, `pipelined`). With room on the
+/// device for the first part (128 pages) and a little more, but not for a whole block,
+/// PREFETCH of host-written blocks commits what got frames and stops there (ENOSPC, or
+/// success after eviction took the region's own earlier pages): either way every page of
+/// the region reads back what the CPU wrote, from the CPU and from the device, and the
+/// pinned pages around it stay where they are.
+fn prefetch_with_room_for_part_of_a_block_keeps_every_page() -> TestResult {
+    let (g, s) = open()?;
+    let cap = capacity(&s)?;
+    let pinned = ok!(g.alloc(cap - 200 * 4096));
+    ok!(s.fill(pinned.addr, pinned.len as u64, 5));
+    ok!(pinned.advise(GMEM_ADV_PIN, 0));
+    let r = ok!(g.alloc(4 << 20));
+    let want: Vec<u32> = (0..r.len / 4).map(|i| (i as u32).wrapping_mul(0x9e37_79b1) ^ 0x2ea4).collect();
+    words(&r).copy_from_slice(&want);
+    match r.advise(GMEM_ADV_PREFETCH, 0) {
+        Ok(_) | Err(libgmem::Errno(libc::ENOSPC)) => {}
+        Err(e) => return Err(format!("PREFETCH with little room: {e:?}")),
+    }
+    let q = ok!(r.query());
+    let on_dev = q.iter().filter(|w| q_loc(**w) == GMEM_LOC_DEVICE).count();
+    ensure!(on_dev > 0 && on_dev <= 200, "{on_dev} pages on the device, which had room for 200");
+    ensure!(q.iter().all(|w| q_loc(*w) != GMEM_LOC_NONE), "a page was lost (state NONE)");
+    ensure!(ok!(s.checksum(r.addr, r.len as u64)).result == checksum(&want), "the device reads other data");
+    ensure!(words(&r)[..] == want[..], "the CPU reads other data");
+    let q = ok!(pinned.query());
+    ensure!(q.iter().all(|w| q_loc(*w) == GMEM_LOC_DEVICE && w & GMEM_Q_PINNED != 0), "a pinned page moved");
+    ok!(pinned.advise(GMEM_ADV_UNPIN, 0));
+    Ok(())
+}
+
 fn pinned_pages_survive_pressure() -> TestResult {
     let (g, s) = open()?;
     let cap = capacity(&s)?;
@@ -578,6 +610,10 @@ pub fn tests() -> Vec<Test> {
         Test { name: "stream_2x_capacity", f: stream_2x_capacity },
         Test { name: "stream_4x_capacity", f: stream_4x_capacity },
         Test { name: "random_access_3x", f: random_access_3x },
+        Test {
+            name: "prefetch_with_room_for_part_of_a_block_keeps_every_page",
+            f: prefetch_with_room_for_part_of_a_block_keeps_every_page,
+        },
         Test { name: "two_processes_overcommit_concurrently", f: two_processes_overcommit_concurrently },
         Test {
             name: "cpu_and_device_alternate_writes_overcommitted",
