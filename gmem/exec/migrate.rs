@@ -7,6 +7,8 @@
 //! failure changes nothing), then revoke every mapping of the old copy (CPU and devices),
 //! then copy, then free what the old placement held, then commit the new state, then map.
 //! Revoking before copying means no processor can write the old copy after it was read.
+//! A batch in parts ([`pipelined`]) goes through this order twice before its copies
+//! complete: for its first part, then, while that part is on the link, for the rest.
 
 use crate::abi::{GmemCopy, GmemPte, GMEM_COPY_D2D, GMEM_COPY_D2H, GMEM_COPY_H2D, GMEM_COPY_ZERO};
 use crate::abi::{GMEM_PROT_READ, GMEM_PROT_WRITE, GMEM_PTE_2M};
@@ -648,8 +650,9 @@ pub(crate) fn apply(env: &Env<'_>, p: &mut Pages, i: usize, next: PageState, a: 
 /// 5. per page: release the old placement and commit the new state;
 /// 6. per device: one `map` with every new entry.
 ///
-/// A batch whose copies are all one driver call and make several channel shares runs
-/// steps 5 and 6 part by part instead ([`pipelined`], [`share_plan`]): each part is
+/// A batch whose copies are all one driver call and make several channel shares runs in
+/// parts instead ([`pipelined`], [`share_plan`]): steps 1 to 4 for its first part, then,
+/// while that part is on the link, for the others; steps 5 and 6 part by part, each part
 /// committed and mapped as its copy completes, while the later parts are on the link; a
 /// failed part leaves the parts before it committed (`Outcome::done`).
 pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outcome {
@@ -900,7 +903,12 @@ fn share_plan(steps: &[Step], devs: &Devs) -> Option<SharePlan> {
     Some(SharePlan { key, head: core::cmp::min(HEAD_PAGES, n.div_ceil(parts)) })
 }
 
-/// Steps 2 to 6 of a batch in parts, so that the work after each copy overlaps the other
+/// What stopped a batch's allocation (step 1): the error, and the dmem cgroup pool whose
+/// limit it was, if it was one ([`Outcome::limit`]).
+type AllocStop = (Result, Option<Limit>);
+
+/// Steps 2 to 6 of a batch in parts (and step 1 for all but its first part, unless the
+/// caller made it), so that the work after each copy overlaps the other
 /// parts' copies instead of waiting for all of them. The first part (`plan.head` copies)
 /// has its mappings revoked and its copy started first; while it is on the link, the
 /// other steps get their allocations (step 1, unless the caller made them: `fresh` holds
@@ -922,10 +930,6 @@ fn share_plan(steps: &[Step], devs: &Devs) -> Option<SharePlan> {
 /// how many steps were committed, the error that stopped the rest, if `map_each` the
 /// parts' first map error or `Ok` (`None` otherwise: the caller maps), and what stopped
 /// the other steps' allocation, if this made it.
-/// What stopped a batch's allocation (step 1): the error, and the dmem cgroup pool whose
-/// limit it was, if it was one ([`Outcome::limit`]).
-type AllocStop = (Result, Option<Limit>);
-
 #[allow(clippy::too_many_arguments)]
 fn pipelined(
     env: &Env<'_>,
@@ -1016,10 +1020,14 @@ fn pipelined(
         let n = rest.iter().filter(|st| copy_key(st.a.copy).is_some()).count();
         if n == 0 {
             // Steps without a copy only: the allocation stopped soon after the first part
-            // (its error says why; the first part has fewer copies than the batch), which
-            // ends the batch.
-            undo_steps(p, rest, &fresh[head_end..made], devs);
-            made = head_end;
+            // (its error says why; the first part has fewer copies than the batch). Nothing
+            // of theirs is on the link: revoked now, they are committed with the first
+            // part, and the batch ends before the first step that did not get its own.
+            revoke(env, p, rest, devs);
+            laps.lap(Phase::Revoke);
+            if let Some(e) = ends.first_mut() {
+                *e = made;
+            }
         } else {
             let per = n.div_ceil(shares(n, chans));
             let mut copies = 0usize;
