@@ -180,10 +180,14 @@ fn touch(r: &Region<'_>) {
 /// evicted again, clean, for the next) takes a while however cheap each page is. The
 /// test picks a region size (doubling from 32 MiB, at most 512 MiB) whose PREFETCH takes
 /// at least half a second here (timed in the same run), then SIGKILLs a process looping on
-/// that call a tenth of that time in. Reaping it may take at most a quarter of that longer
+/// that call a tenth of that time in. Reaping it may take at most half of that longer
 /// than reaping an idle process holding the same region (tearing the region down is part
-/// of both). Before the advice loop checked for fatal signals, the kill waited for the
-/// call to finish. (Until lazy metadata, the test timed DONTNEED over untouched gigabytes,
+/// of both): a kill that waited for the call to finish would take nine tenths of it
+/// longer, while each lane finishes the block it is in. (A quarter was too tight under a
+/// loaded host: CI's debug run measured 254 ms more than idle against a 649 ms PREFETCH
+/// timed while the host was faster; four runs here, 44-141 ms against 643-1266 ms.)
+/// Before the advice loop checked for fatal signals, the kill waited for the call to
+/// finish. (Until lazy metadata, the test timed DONTNEED over untouched gigabytes,
 /// which now skips untouched blocks whole and takes microseconds.)
 fn long_advice_stops_on_sigkill() -> TestResult {
     let (g, s) = open()?;
@@ -206,7 +210,7 @@ fn long_advice_stops_on_sigkill() -> TestResult {
     let busy = reap_time(len, true, full / 10)?;
     println!("GMEM-INFO long_advice_stops_on_sigkill: PREFETCH of {} MiB takes {full:?}; reaped {busy:?} after SIGKILL ({idle:?} when idle)", len >> 20);
     ensure!(
-        busy <= idle + full / 4,
+        busy <= idle + full / 2,
         "reaped {busy:?} after SIGKILL ({idle:?} when idle); one whole PREFETCH takes {full:?}"
     );
     Ok(())

@@ -145,7 +145,8 @@ fn cpu_and_device_alternate_writes_overcommitted() -> TestResult {
 /// the others' while it is on the link (exec/migrate.rs, `pipelined`). With room on the
 /// device for the first part (128 pages) and a little more, but not for a whole block,
 /// PREFETCH of host-written blocks commits what got frames and stops there (ENOSPC, or
-/// success after eviction took the region's own earlier pages): either way every page of
+/// success after eviction took the region's own earlier pages; which of the region's pages
+/// end on the device depends on the lanes' timing): either way every page of
 /// the region reads back what the CPU wrote, from the CPU and from the device, and the
 /// pinned pages around it stay where they are.
 fn prefetch_with_room_for_part_of_a_block_keeps_every_page() -> TestResult {
@@ -163,7 +164,9 @@ fn prefetch_with_room_for_part_of_a_block_keeps_every_page() -> TestResult {
     }
     let q = ok!(r.query());
     let on_dev = q.iter().filter(|w| q_loc(**w) == GMEM_LOC_DEVICE).count();
-    ensure!(on_dev > 0 && on_dev <= 200, "{on_dev} pages on the device, which had room for 200");
+    // (Possibly none: eviction may have taken the region's own pages back for a later
+    // block, and that block then stopped short.)
+    ensure!(on_dev <= 200, "{on_dev} pages on the device, which had room for 200");
     ensure!(q.iter().all(|w| q_loc(*w) != GMEM_LOC_NONE), "a page was lost (state NONE)");
     ensure!(ok!(s.checksum(r.addr, r.len as u64)).result == checksum(&want), "the device reads other data");
     ensure!(words(&r)[..] == want[..], "the CPU reads other data");
