@@ -45,10 +45,7 @@ impl Mapped<'_> {
     /// Reads `out.len()` words from byte offset `off` (any alignment); `EINVAL` past the
     /// page.
     pub(crate) fn read_words(&self, off: usize, out: &mut [u32]) -> Result {
-        let n = out.len().checked_mul(4).ok_or(EINVAL)?;
-        if off.checked_add(n).is_none_or(|e| e > PAGE_SIZE) {
-            return Err(EINVAL);
-        }
+        let n = span(off, out.len())?;
         // SAFETY: `[off, off + n)` lies inside the mapped page (checked; type invariant),
         // and `out` is `n` bytes of our own memory, distinct from the page. The device's
         // memory may be written by another launch at the same time (as on real hardware);
@@ -61,18 +58,15 @@ impl Mapped<'_> {
     /// order, as a device's compute unit streams them from its memory: no copy in between.
     /// `EINVAL` past the page.
     pub(crate) fn each_word(&self, off: usize, words: usize, mut f: impl FnMut(u32)) -> Result {
-        let n = words.checked_mul(4).ok_or(EINVAL)?;
-        if off.checked_add(n).is_none_or(|e| e > PAGE_SIZE) {
-            return Err(EINVAL);
-        }
+        span(off, words)?;
         // Four words per load where it can (the loop's own instructions cost as much as the
         // computation under TCG), then the rest one by one.
         let quads = words / 4;
         for q in 0..quads {
-            // SAFETY: the 16 bytes at `off + 16 q` lie in `[off, off + n)` (`4 q + 3 < words`),
-            // inside the mapped page (checked; type invariant); an unaligned read of plain
-            // integers, as in `read_words` (another launch may write the page meanwhile, as
-            // on hardware).
+            // SAFETY: the 16 bytes at `off + 16 q` lie in the `words` words from `off`
+            // (`4 q + 3 < words`), inside the mapped page (`span`; type invariant); an
+            // unaligned read of plain integers, as in `read_words` (another launch may write
+            // the page meanwhile, as on hardware).
             let w = unsafe { core::ptr::read_unaligned(self.addr.add(off + 16 * q).cast::<[u32; 4]>()) };
             // (Four calls, not a loop over `w`: the compiler keeps these in registers.)
             f(w[0]);
@@ -91,10 +85,7 @@ impl Mapped<'_> {
     /// Writes the words of `src` at byte offset `off` (any alignment); `EINVAL` past the
     /// page.
     pub(crate) fn write_words(&self, off: usize, src: &[u32]) -> Result {
-        let n = src.len().checked_mul(4).ok_or(EINVAL)?;
-        if off.checked_add(n).is_none_or(|e| e > PAGE_SIZE) {
-            return Err(EINVAL);
-        }
+        let n = span(off, src.len())?;
         // SAFETY: as in `read_words`; the caller's page-table entry allows writes.
         unsafe { core::ptr::copy_nonoverlapping(src.as_ptr().cast::<u8>(), self.addr.add(off), n) };
         Ok(())
@@ -104,6 +95,16 @@ impl Mapped<'_> {
     pub(crate) fn write_u32(&self, off: usize, v: u32) -> Result {
         self.write_words(off, &[v])
     }
+}
+
+/// The bytes of `words` words from byte offset `off` of a page, if they lie inside it
+/// (`EINVAL` otherwise).
+fn span(off: usize, words: usize) -> Result<usize> {
+    let n = words.checked_mul(4).ok_or(EINVAL)?;
+    if off.checked_add(n).is_none_or(|e| e > PAGE_SIZE) {
+        return Err(EINVAL);
+    }
+    Ok(n)
 }
 
 impl Drop for Mapped<'_> {

@@ -681,12 +681,11 @@ pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outco
     // 1. Allocation: of every step, or, for a batch in parts, of the first part's; the
     // others' are allocated while its copy is on the link (`pipelined`).
     let plan = share_plan(steps, &devs);
-    let head_end = plan.map_or(steps.len(), |pl| pl.head_end(steps));
+    let head_end = plan.map_or(steps.len(), |pl| pl.head_end);
     let (nfresh, stop, limit) = allocate(&devs, space, p, &steps[..head_end], &mut fresh[..head_end], &chunk_of);
-    let deferred = nfresh == head_end && head_end < steps.len();
     // A first part that did not get everything ends the batch there, run as a batch of its
     // own size.
-    let (steps, plan) = if deferred || nfresh == steps.len() {
+    let (steps, plan) = if nfresh == head_end {
         (steps, plan)
     } else {
         let s = &steps[..nfresh];
@@ -698,8 +697,7 @@ pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outco
     // Room for step 5's frame updates, so that nothing after the copy can fail; taken with
     // the other allocations, so that failing here still changes nothing.
     let mut ops: KVec<(u8, FrameOp)> = KVec::new();
-    let need = steps.iter().zip(fresh.iter()).take(nfresh).map(|(st, f)| frame_ops(st, f)).sum();
-    if let Err(e) = ops.reserve(need, GFP_KERNEL) {
+    if let Err(e) = ops.reserve(frame_ops_all(&steps[..nfresh], &fresh[..nfresh]), GFP_KERNEL) {
         undo_steps(p, &steps[..nfresh], &fresh[..nfresh], &devs);
         return Outcome::failed(e.into());
     }
@@ -844,28 +842,13 @@ fn commit_steps(
 }
 
 /// How [`pipelined`] runs a batch: its copies' one driver call, `(direction, source,
-/// destination)`, and how many entries its first part takes.
+/// destination)`, and where its first part ends.
 #[derive(Clone, Copy)]
 struct SharePlan {
     key: CopyKey,
-    /// Copy entries of the first part (fewer than the batch's).
-    head: usize,
-}
-
-impl SharePlan {
-    /// One past the step of `steps` with the first part's last copy entry.
-    fn head_end(&self, steps: &[Step]) -> usize {
-        let mut copies = 0;
-        for (k, st) in steps.iter().enumerate() {
-            if copy_key(st.a.copy).is_some() {
-                copies += 1;
-                if copies == self.head {
-                    return k + 1;
-                }
-            }
-        }
-        steps.len()
-    }
+    /// One past the step with the first part's last copy entry (the batch has copies
+    /// after it).
+    head_end: usize,
 }
 
 /// Copy entries in a batch's first part at most ([`pipelined`]): its copy starts once its
@@ -900,7 +883,10 @@ fn share_plan(steps: &[Step], devs: &Devs) -> Option<SharePlan> {
         return None;
     }
     // Two shares or more: `n >= 2 * CHUNK_MIN_PAGES`, and the first part leaves copies.
-    Some(SharePlan { key, head: core::cmp::min(HEAD_PAGES, n.div_ceil(parts)) })
+    let head = core::cmp::min(HEAD_PAGES, n.div_ceil(parts));
+    let mut copy_steps = steps.iter().enumerate().filter(|(_, st)| copy_key(st.a.copy).is_some());
+    let head_end = copy_steps.nth(head.saturating_sub(1)).map_or(steps.len(), |(k, _)| k + 1);
+    Some(SharePlan { key, head_end })
 }
 
 /// What stopped a batch's allocation (step 1): the error, and the dmem cgroup pool whose
@@ -909,7 +895,7 @@ type AllocStop = (Result, Option<Limit>);
 
 /// Steps 2 to 6 of a batch in parts (and step 1 for all but its first part, unless the
 /// caller made it), so that the work after each copy overlaps the other
-/// parts' copies instead of waiting for all of them. The first part (`plan.head` copies)
+/// parts' copies instead of waiting for all of them. The first part (to `plan.head_end`)
 /// has its mappings revoked and its copy started first; while it is on the link, the
 /// other steps get their allocations (step 1, unless the caller made them: `fresh` holds
 /// the first `allocated` steps'), their mappings are revoked, and they are started in
@@ -942,7 +928,7 @@ fn pipelined(
     map_each: bool,
 ) -> (usize, Result, Option<Result>, Option<AllocStop>) {
     let (dir, from, to) = plan.key;
-    let head_end = plan.head_end(steps);
+    let head_end = plan.head_end;
     let sections = devs.get(from).and_then(|src| {
         let sops = src.ops().ok_or(ENODEV)?;
         let dops = match dir {
@@ -1005,8 +991,7 @@ fn pipelined(
             })
         };
         made = allocated + n;
-        let need = steps[allocated..made].iter().zip(&fresh[allocated..made]).map(|(st, f)| frame_ops(st, f)).sum();
-        if let Err(e) = ops.reserve(need, GFP_KERNEL) {
+        if let Err(e) = ops.reserve(frame_ops_all(&steps[allocated..made], &fresh[allocated..made]), GFP_KERNEL) {
             undo_steps(p, &steps[allocated..made], &fresh[allocated..made], devs);
             made = allocated;
             (stop, limit) = (Err(e.into()), None);
@@ -1018,13 +1003,15 @@ fn pipelined(
         // The other parts: the copies left, shared between the channels.
         let rest = &steps[head_end..made];
         let n = rest.iter().filter(|st| copy_key(st.a.copy).is_some()).count();
+        // Every other part's mappings at once: one CPU zap and one device TLB flush per
+        // run, not per part.
+        revoke(env, p, rest, devs);
+        laps.lap(Phase::Revoke);
         if n == 0 {
             // Steps without a copy only: the allocation stopped soon after the first part
             // (its error says why; the first part has fewer copies than the batch). Nothing
-            // of theirs is on the link: revoked now, they are committed with the first
-            // part, and the batch ends before the first step that did not get its own.
-            revoke(env, p, rest, devs);
-            laps.lap(Phase::Revoke);
+            // of theirs is on the link: they are committed with the first part, and the
+            // batch ends before the first step that did not get its own.
             if let Some(e) = ends.first_mut() {
                 *e = made;
             }
@@ -1040,10 +1027,6 @@ fn pipelined(
                     }
                 }
             }
-            // Every other part's mappings at once: one CPU zap and one device TLB flush
-            // per run, not per part.
-            revoke(env, p, rest, devs);
-            laps.lap(Phase::Revoke);
             let mut begin = head_end;
             for &end in ends.iter().skip(1) {
                 if let Err(e) = start_part(p, &steps[begin..end], &fresh[begin..end], &mut flight) {
@@ -1097,6 +1080,11 @@ fn head_chunk(p: &Pages, head: &[Step], fresh: &[Fresh], d: u8) -> Option<u64> {
     let r = p.range();
     let (st, f) = head.iter().zip(fresh).find_map(|(st, f)| f.frame.filter(|&(x, _)| x == d).map(|(_, f)| (st, f)))?;
     u64::from(f).checked_sub(st.i.checked_sub(r.start)? as u64).filter(|b| b % CHUNK_FRAMES == 0)
+}
+
+/// [`frame_ops`] of every step of `steps` (`fresh` their allocations, in the same order).
+fn frame_ops_all(steps: &[Step], fresh: &[Fresh]) -> usize {
+    steps.iter().zip(fresh).map(|(st, f)| frame_ops(st, f)).sum()
 }
 
 /// Frame updates one step's commit makes: the old owner frame, its duplicates, and the
