@@ -669,11 +669,14 @@ pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outco
         }
     }
     let fresh: &mut [Fresh] = if steps.len() > SMALL { &mut big } else { &mut small[..steps.len()] };
-    let dups_needed = steps
-        .iter()
-        .filter(|st| st.a.owner_to_dup.is_some() || st.a.alloc_frame.is_some_and(|d| st.next.loc() != Loc::Device(d)))
-        .count();
-    if let Err(e) = p.dups.reserve(dups_needed) {
+    // The devices that may get duplicates of this block's pages: their arrays are made now.
+    let dup_devs = steps.iter().fold(0u16, |m, st| {
+        let bit = |d: u8| 1u16.checked_shl(u32::from(d)).unwrap_or(0);
+        let parked = st.a.owner_to_dup.map_or(0, bit);
+        let fresh = st.a.alloc_frame.filter(|&d| st.next.loc() != Loc::Device(d)).map_or(0, bit);
+        m | parked | fresh
+    });
+    if let Err(e) = p.dups.reserve(dup_devs) {
         return Outcome::failed(e);
     }
     let space = &env.region.space;
@@ -1111,9 +1114,9 @@ fn commit(env: &Env<'_>, p: &mut Pages, st: &Step, fresh: &Fresh, ops: &mut KVec
     }
     if let Some(o) = a.owner_to_dup {
         // The parked frame stays as a backing copy (same holder): clean, first to go when
-        // its device needs room, still lent. The tree node was reserved before step 1.
+        // its device needs room, still lent. The device's duplicate array was made before step 1.
         let f = p.frame(i);
-        let _ = p.dups.insert(i, o, f);
+        let _ = p.insert_dup(i, o, f);
         queue(o, FrameOp::Own { frame: f, who: None, set: F_CLEAN, keep: F_LENT, settle: false });
     }
     for d in devices_in(a.free_dup_frames) {
@@ -1131,8 +1134,8 @@ fn commit(env: &Env<'_>, p: &mut Pages, st: &Step, fresh: &Fresh, ops: &mut KVec
         if next.loc() == Loc::Device(d) {
             p.set_frame(i, f);
         } else {
-            // The tree node was reserved before step 1, so this cannot fail.
-            let _ = p.dups.insert(i, d, f);
+            // The device's duplicate array was made before step 1, so this cannot fail.
+            let _ = p.insert_dup(i, d, f);
             queue(d, FrameOp::Own { frame: f, who: who(), set: F_CLEAN | F_REF, keep: 0, settle: false });
         }
         *kicked |= 1 << d;

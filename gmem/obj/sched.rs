@@ -9,9 +9,6 @@ extern "C" {
     fn gmem_fatal_signal_pending() -> bool;
 }
 
-/// Pages processed between two scheduling points.
-pub(crate) const CHUNK: usize = 512;
-
 /// Lets other tasks run if this one has used up its slice. Must not be called in atomic
 /// context (no spinlock held); sleeping locks may be held.
 pub(crate) fn cond_resched() {
