@@ -676,7 +676,7 @@ pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outco
         let fresh = st.a.alloc_frame.filter(|&d| st.next.loc() != Loc::Device(d)).map_or(0, bit);
         m | parked | fresh
     });
-    if let Err(e) = p.dups.reserve(dup_devs) {
+    if let Err(e) = p.reserve_dups(dup_devs) {
         return Outcome::failed(e);
     }
     let space = &env.region.space;

@@ -6,8 +6,9 @@
 //! when no host copy exists), in zero-filled arrays (`meta.rs`) allocated per **block** on
 //! first touch. A block is the part of the region inside one 2 MiB-aligned virtual block
 //! (512 pages; the first and last may be shorter), so the blocks of device fault batches,
-//! density prefetch, fault-around and eviction neighbourhoods are exactly these. Read-only
-//! duplicates live in a tree per block keyed by (page, device). Advice is kept per range
+//! density prefetch, fault-around and eviction neighbourhoods are exactly these. Duplicates
+//! on non-owner devices live per block, in one frame array per device that holds any
+//! (`Dups`). Advice is kept per range
 //! in a small interval map (`policy/src/range.rs`).
 //!
 //! **Locking.** Each block has its own lock (`Block::pages`), so work on different blocks
@@ -64,7 +65,8 @@ pub(crate) const ADVICE_RUNS: usize = 32;
 /// parked leave there): the duplicate's frame by (page of the block, device). One array of
 /// a frame per page for each device that holds duplicates in the block, made before the
 /// first is recorded and freed once empty (by the next batch): O(1) per lookup, insertion and removal, no
-/// allocation per duplicate, and at most 4 bytes per page and device. (Before, one
+/// allocation per duplicate; 2 KiB per device that holds any in the block, whatever the
+/// block's length (a short block at a region's end too). (Before, one
 /// red-black tree node per duplicate, allocated and freed one by one: in P4's 2x stream,
 /// where half the region is parked on the peer and comes back, eviction's commit cost
 /// 3.2 us per page returned to its backing copy against 1.3 us per page written back to
@@ -96,7 +98,7 @@ impl Dups {
     /// [`Dups::insert`]s naming them need no allocation, and frees the empty arrays of the
     /// others. (Arrays are freed only here, at the start of a batch, never by a removal:
     /// the batch's commit may empty a device's array and then record a duplicate there.)
-    pub(crate) fn reserve(&mut self, devs: u16) -> Result {
+    fn reserve(&mut self, devs: u16) -> Result {
         let wanted = |d: u8| 1u16.checked_shl(u32::from(d)).is_some_and(|b| devs & b != 0);
         self.arrays.retain(|a| a.2 != 0 || wanted(a.0));
         for d in (0..MAX_DEVICES).filter_map(|d| u8::try_from(d).ok()) {
@@ -119,7 +121,7 @@ impl Dups {
     /// the device's array (or, if the caller did not reserve it, allocates one without
     /// sleeping and returns `ENOMEM` on failure); `EINVAL` for a page outside the block or
     /// a frame no device has.
-    pub(crate) fn insert(&mut self, k: usize, dev: u8, frame: u32) -> Result {
+    fn insert(&mut self, k: usize, dev: u8, frame: u32) -> Result {
         if k >= BLOCK_PAGES || frame == NO_DUP {
             return Err(EINVAL);
         }
@@ -137,7 +139,7 @@ impl Dups {
 
     /// Forgets `dev`'s duplicate of page `k` and returns its frame (an array left empty
     /// stays until the next [`Dups::reserve`]).
-    pub(crate) fn remove(&mut self, k: usize, dev: u8) -> Option<u32> {
+    fn remove(&mut self, k: usize, dev: u8) -> Option<u32> {
         let a = self.arrays.iter().position(|a| a.0 == dev)?;
         let (_, frames, n) = &mut self.arrays[a];
         let f = core::mem::replace(frames.get_mut(k)?, NO_DUP);
@@ -149,12 +151,12 @@ impl Dups {
         Some(f)
     }
 
-    pub(crate) fn get(&self, k: usize, dev: u8) -> Option<u32> {
+    fn get(&self, k: usize, dev: u8) -> Option<u32> {
         self.of(dev)?.get(k).copied().filter(|&f| f != NO_DUP)
     }
 
     /// Bytes allocated (the arrays).
-    pub(crate) fn bytes(&self) -> usize {
+    fn bytes(&self) -> usize {
         self.arrays.capacity() * core::mem::size_of::<(u8, KVec<u32>, usize)>()
             + self.arrays.iter().map(|a| a.1.capacity() * core::mem::size_of::<u32>()).sum::<usize>()
     }
@@ -186,7 +188,7 @@ pub(crate) struct Pages {
     state: Meta<u32>,
     frame: Meta<u32>,
     host: Meta<Option<HostPage>>,
-    pub(crate) dups: Dups,
+    dups: Dups,
 }
 
 impl Pages {
@@ -244,6 +246,11 @@ impl Pages {
 
     pub(crate) fn dup_frame(&self, page: usize, dev: u8) -> Option<u32> {
         self.dups.get(self.at(page)?, dev)
+    }
+
+    /// Makes the duplicate arrays of the devices in the mask `devs` (see [`Dups::reserve`]).
+    pub(crate) fn reserve_dups(&mut self, devs: u16) -> Result {
+        self.dups.reserve(devs)
     }
 
     /// Records `frame` as `dev`'s duplicate of page `page` (see [`Dups::insert`]).
