@@ -39,33 +39,39 @@ pub(crate) fn on_fault(
         return false;
     }
     let advice = *r.advice.lock();
+    // The block's pages in the region, as (page of the block, region index): the block
+    // (`p`) holds exactly these, from the region's first page in it (`first`) on.
+    let k0 = r.start.saturating_sub(block_va) / PAGE_SIZE;
+    let range = p.range();
+    let pages = || (k0..BLOCK_PAGES).zip(range.clone());
+    let bit = |k: usize| (k / 64, 1u64 << (k % 64));
     let (mut resident, mut valid) = ([0u64; 8], [0u64; 8]);
-    for k in 0..BLOCK_PAGES {
-        if let Some(j) = r.index(block_va + k * PAGE_SIZE) {
-            valid[k / 64] |= 1 << (k % 64);
-            if p.state(j).loc() == Loc::Device(d) {
-                resident[k / 64] |= 1 << (k % 64);
-            }
+    for (k, j) in pages() {
+        let (w, b) = bit(k);
+        valid[w] |= b;
+        if p.state(j).loc() == Loc::Device(d) {
+            resident[w] |= b;
         }
     }
     let extra = density(&resident, faulted, &valid, tune::PREFETCH_PCT.load(Relaxed), BLOCK_PAGES);
     let Ok(mut steps) = KVec::<Step>::with_capacity(BLOCK_PAGES, GFP_KERNEL) else { return false };
-    for k in 0..BLOCK_PAGES {
-        if extra[k / 64] & (1 << (k % 64)) == 0 {
+    for (k, j) in pages() {
+        let (w, b) = bit(k);
+        if extra[w] & b == 0 {
             continue;
         }
-        let Some(st) = r.index(block_va + k * PAGE_SIZE).and_then(|j| step(&p, &advice, j, d)) else { continue };
-        // Capacity reserved above.
-        let _ = steps.push(st, GFP_NOWAIT);
+        if let Some(st) = step(&p, &advice, j, d) {
+            // Capacity reserved above.
+            let _ = steps.push(st, GFP_NOWAIT);
+        }
     }
     speculate(&Env::access(r, vma), dev, &mut p, &steps);
     // Residency now: what was there, the fault batch's pages (unless they were mapped
     // remotely), what the batch above fetched.
-    for k in 0..BLOCK_PAGES {
-        if let Some(j) = r.index(block_va + k * PAGE_SIZE) {
-            if p.state(j).loc() == Loc::Device(d) {
-                resident[k / 64] |= 1 << (k % 64);
-            }
+    for (k, j) in pages() {
+        if p.state(j).loc() == Loc::Device(d) {
+            let (w, b) = bit(k);
+            resident[w] |= b;
         }
     }
     read_ahead(&resident, &valid)
