@@ -20,8 +20,9 @@ use crate::policy::range::AdviceMap;
 use core::sync::atomic::Ordering::Relaxed;
 use kernel::{mm::virt::VmaRef, prelude::*, sync::Arc};
 
-/// Runs density prefetch for the block at `block_va` of `r` after a fault batch that
-/// touched the pages in `faulted` (bitmap over the block's 512 pages). Returns whether the
+/// Runs density prefetch for the 2 MiB block at `block_va` (aligned down if it is not) of
+/// `r` after a fault batch that touched the pages in `faulted` (bitmap over the block's
+/// 512 pages). Returns whether the
 /// block is now wholly resident on the device (`policy::prefetch::read_ahead`: the caller
 /// may read the next block ahead).
 pub(crate) fn on_fault(
@@ -32,6 +33,8 @@ pub(crate) fn on_fault(
     faulted: &[u64; 8],
 ) -> bool {
     let d = dev.id as u8;
+    // The pairing of block pages with region pages below needs the block's own start.
+    let block_va = block_base(block_va);
     let Some(first) = r.index(core::cmp::max(block_va, r.start)) else { return false };
     let Ok(block) = r.block(first) else { return false };
     let mut p = r.lock(&block);
