@@ -24,7 +24,7 @@ use crate::obj::trace::{self, Laps, Phase};
 use crate::policy::bits;
 use crate::policy::evict::{F_CLEAN, F_LENT, F_PINNED, F_REF};
 use crate::policy::frames::CHUNK_FRAMES;
-use crate::policy::page_state::{Actions, Copy, Loc, PageState, Refused, MAX_DEVICES};
+use crate::policy::page_state::{dev_bit, Actions, Copy, Loc, PageState, Refused, MAX_DEVICES};
 use crate::policy::paths::CHUNK_PAGES;
 use core::cell::OnceCell;
 use kernel::{mm::virt::VmaRef, prelude::*, sync::Arc};
@@ -671,9 +671,8 @@ pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outco
     let fresh: &mut [Fresh] = if steps.len() > SMALL { &mut big } else { &mut small[..steps.len()] };
     // The devices that may get duplicates of this block's pages: their arrays are made now.
     let dup_devs = steps.iter().fold(0u16, |m, st| {
-        let bit = |d: u8| 1u16.checked_shl(u32::from(d)).unwrap_or(0);
-        let parked = st.a.owner_to_dup.map_or(0, bit);
-        let fresh = st.a.alloc_frame.filter(|&d| st.next.loc() != Loc::Device(d)).map_or(0, bit);
+        let parked = st.a.owner_to_dup.map_or(0, dev_bit);
+        let fresh = st.a.alloc_frame.filter(|&d| st.next.loc() != Loc::Device(d)).map_or(0, dev_bit);
         m | parked | fresh
     });
     if let Err(e) = p.reserve_dups(dup_devs) {

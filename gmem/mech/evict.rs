@@ -38,7 +38,7 @@ use crate::obj::{devices, sched, trace, tune};
 use crate::policy::bits::{self, BlockBits};
 use crate::policy::evict::{reclaim_target, write_back_lent, F_REF};
 use crate::policy::page_state::Target;
-use crate::policy::page_state::{transition, Actions, Copy, Event, Loc};
+use crate::policy::page_state::{dev_bit, transition, Actions, Copy, Event, Loc};
 use crate::policy::range::AdviceMap;
 use core::sync::atomic::Ordering::Relaxed;
 use kernel::mm::Mm;
@@ -154,7 +154,7 @@ fn evict_pages(
     let holders = peers
         .into_iter()
         .filter(|h| h.id != dev.id && h.alive() && h.same_driver(dev))
-        .fold(0u16, |m, h| m | u32::try_from(h.id).ok().and_then(|s| 1u16.checked_shl(s)).unwrap_or(0));
+        .fold(0u16, |m, h| m | u8::try_from(h.id).map_or(0, dev_bit));
     let mut steps: KVec<Step> = KVec::with_capacity(idx.len(), GFP_KERNEL)?;
     for &i in idx {
         if let Some(st) = evict_step(dev, p, i, peer, &mut peer_room, holders) {

@@ -27,7 +27,7 @@
 use crate::obj::host_page::HostPage;
 use crate::obj::meta::Meta;
 use crate::obj::space::Space;
-use crate::policy::page_state::{PageState, MAX_DEVICES};
+use crate::policy::page_state::{dev_bit, PageState, MAX_DEVICES};
 use crate::policy::range::{AdviceMap, PageRange};
 use core::sync::atomic::{AtomicBool, Ordering};
 use kernel::{
@@ -64,9 +64,9 @@ pub(crate) const ADVICE_RUNS: usize = 32;
 /// READ_MOSTLY pages, and the backing copies that pages read back from where they were
 /// parked leave there): the duplicate's frame by (page of the block, device). One array of
 /// a frame per page for each device that holds duplicates in the block, made before the
-/// first is recorded and freed once empty (by the next batch): O(1) per lookup, insertion and removal, no
-/// allocation per duplicate; 2 KiB per device that holds any in the block, whatever the
-/// block's length (a short block at a region's end too). (Before, one
+/// first is recorded and freed once empty (by the next batch): O(1) per lookup, insertion
+/// and removal, no allocation per duplicate; 2 KiB per device that holds any in the
+/// block, whatever the block's length (a short block at a region's end too). (Before, one
 /// red-black tree node per duplicate, allocated and freed one by one: in P4's 2x stream,
 /// where half the region is parked on the peer and comes back, eviction's commit cost
 /// 3.2 us per page returned to its backing copy against 1.3 us per page written back to
@@ -89,9 +89,9 @@ impl Dups {
         Dups { arrays: KVec::new(), len: 0 }
     }
 
-    /// The array of device `dev`, if it has one.
-    fn of(&self, dev: u8) -> Option<&KVec<u32>> {
-        self.arrays.iter().find(|a| a.0 == dev).map(|a| &a.1)
+    /// Where in `arrays` the array of device `dev` is, if it has one.
+    fn slot(&self, dev: u8) -> Option<usize> {
+        self.arrays.iter().position(|a| a.0 == dev)
     }
 
     /// Makes the arrays of the devices in the bit mask `devs` that have none yet, so that
@@ -99,10 +99,9 @@ impl Dups {
     /// others. (Arrays are freed only here, at the start of a batch, never by a removal:
     /// the batch's commit may empty a device's array and then record a duplicate there.)
     fn reserve(&mut self, devs: u16) -> Result {
-        let wanted = |d: u8| 1u16.checked_shl(u32::from(d)).is_some_and(|b| devs & b != 0);
-        self.arrays.retain(|a| a.2 != 0 || wanted(a.0));
-        for d in (0..MAX_DEVICES).filter_map(|d| u8::try_from(d).ok()) {
-            if wanted(d) && self.of(d).is_none() {
+        self.arrays.retain(|a| a.2 != 0 || devs & dev_bit(a.0) != 0);
+        for d in devices_in(devs) {
+            if self.slot(d).is_none() {
                 self.add(d, GFP_KERNEL_ACCOUNT)?;
             }
         }
@@ -125,7 +124,7 @@ impl Dups {
         if k >= BLOCK_PAGES || frame == NO_DUP {
             return Err(EINVAL);
         }
-        let a = match self.arrays.iter().position(|a| a.0 == dev) {
+        let a = match self.slot(dev) {
             Some(a) => a,
             None => self.add(dev, GFP_NOWAIT)?,
         };
@@ -140,7 +139,7 @@ impl Dups {
     /// Forgets `dev`'s duplicate of page `k` and returns its frame (an array left empty
     /// stays until the next [`Dups::reserve`]).
     fn remove(&mut self, k: usize, dev: u8) -> Option<u32> {
-        let a = self.arrays.iter().position(|a| a.0 == dev)?;
+        let a = self.slot(dev)?;
         let (_, frames, n) = &mut self.arrays[a];
         let f = core::mem::replace(frames.get_mut(k)?, NO_DUP);
         if f == NO_DUP {
@@ -152,7 +151,7 @@ impl Dups {
     }
 
     fn get(&self, k: usize, dev: u8) -> Option<u32> {
-        self.of(dev)?.get(k).copied().filter(|&f| f != NO_DUP)
+        self.arrays.get(self.slot(dev)?)?.1.get(k).copied().filter(|&f| f != NO_DUP)
     }
 
     /// Bytes allocated (the arrays).
@@ -508,7 +507,7 @@ impl Region {
 
 /// Device ids whose bit is set in `mask`.
 pub(crate) fn devices_in(mask: u16) -> impl Iterator<Item = u8> {
-    (0..MAX_DEVICES as u8).filter(move |d| mask & (1 << d) != 0)
+    (0..MAX_DEVICES as u8).filter(move |&d| mask & dev_bit(d) != 0)
 }
 
 #[kunit_tests(gmem_region)]

@@ -326,7 +326,7 @@ impl Fields {
             Loc::Device(o) => {
                 let o = o & 0xf;
                 let mut v = (TAG_DEV << TAG_SHIFT) | (u32::from(o) << D_OWNER_SHIFT);
-                v |= u32::from(self.dup & !bit(o));
+                v |= u32::from(self.dup & !dev_bit(o));
                 v |= if self.pinned { D_PINNED } else { 0 };
                 v |= if self.dirty { D_DIRTY } else { 0 };
                 v |= if self.host_valid { D_HOST_VALID } else { 0 };
@@ -338,8 +338,9 @@ impl Fields {
     }
 }
 
-/// Mask bit of device `d` (0 for an invalid id, which callers have rejected already).
-fn bit(d: u8) -> u16 {
+/// Mask bit of device `d` in a device mask (`u16`; 0 for an invalid id, which callers
+/// have rejected already).
+pub fn dev_bit(d: u8) -> u16 {
     1u16.checked_shl(u32::from(d)).unwrap_or(0)
 }
 
@@ -391,7 +392,7 @@ impl PageState {
                     dirty: v & D_DIRTY != 0,
                     host_valid: v & D_HOST_VALID != 0,
                     cpu_mapped: false,
-                    dup: (v & D_DUP) as u16 & !bit(o),
+                    dup: (v & D_DUP) as u16 & !dev_bit(o),
                     remote: 0,
                     parked: v & D_PARKED != 0,
                 }
@@ -524,7 +525,7 @@ fn dev_to_host(f: Fields, o: u8, a: &mut Actions) -> Fields {
         a.alloc_host = true;
         a.copy = Copy::D2H(o);
     }
-    a.unmap_dev |= bit(o) | f.dup;
+    a.unmap_dev |= dev_bit(o) | f.dup;
     a.free_frame = Some(o);
     a.free_dup_frames |= f.dup;
     Fields::HOST
@@ -545,7 +546,7 @@ fn host_to_dev(f: Fields, d: u8, a: &mut Actions) -> Fields {
 fn dev_to_dev(f: Fields, o: u8, d: u8, a: &mut Actions) -> Fields {
     a.alloc_frame = Some(d);
     a.copy = Copy::D2D { from: o, to: d };
-    a.unmap_dev |= bit(o) | f.dup;
+    a.unmap_dev |= dev_bit(o) | f.dup;
     a.free_frame = Some(o);
     a.free_dup_frames |= f.dup;
     Fields { loc: Loc::Device(d), dirty: f.dirty, host_valid: f.host_valid, ..Fields::NONE }
@@ -556,17 +557,17 @@ fn dev_to_dev(f: Fields, o: u8, d: u8, a: &mut Actions) -> Fields {
 fn unpark(f: Fields, o: u8, d: u8, a: &mut Actions) -> Fields {
     a.alloc_frame = Some(d);
     a.copy = Copy::D2D { from: o, to: d };
-    a.unmap_dev |= bit(o);
+    a.unmap_dev |= dev_bit(o);
     a.owner_to_dup = Some(o);
-    Fields { loc: Loc::Device(d), dirty: f.dirty, host_valid: f.host_valid, dup: f.dup | bit(o), ..Fields::NONE }
+    Fields { loc: Loc::Device(d), dirty: f.dirty, host_valid: f.host_valid, dup: f.dup | dev_bit(o), ..Fields::NONE }
 }
 
 /// Eviction of a page owned by `o` to `h`, which holds a duplicate: the duplicate becomes
 /// the (parked) owner frame, the other duplicates go, nothing is copied.
 fn promote(f: Fields, o: u8, h: u8, a: &mut Actions) -> Fields {
-    a.unmap_dev |= bit(o) | f.dup;
+    a.unmap_dev |= dev_bit(o) | f.dup;
     a.free_frame = Some(o);
-    a.free_dup_frames |= f.dup & !bit(h);
+    a.free_dup_frames |= f.dup & !dev_bit(h);
     a.dup_to_owner = Some(h);
     Fields { loc: Loc::Device(h), dirty: f.dirty, host_valid: f.host_valid, parked: true, ..Fields::NONE }
 }
@@ -579,7 +580,7 @@ fn write_back(f: Fields, a: &mut Actions) -> Fields {
             a.copy = Copy::D2H(o);
             // Revoke the (maybe writable) owner mapping before the copy; the next device
             // access faults and gets a read-only one.
-            a.unmap_dev = bit(o);
+            a.unmap_dev = dev_bit(o);
             Fields { dirty: false, host_valid: true, ..f }
         }
         _ => f,
@@ -600,16 +601,16 @@ fn add_dup(f: Fields, d: u8, copy: Copy, a: &mut Actions) -> Fields {
                 a.unmap_dev |= f.remote;
                 n.remote = 0;
             }
-            Loc::Device(o) => a.unmap_dev |= bit(o),
+            Loc::Device(o) => a.unmap_dev |= dev_bit(o),
             Loc::None | Loc::Lost => {}
         }
     }
-    if n.remote & bit(d) != 0 {
+    if n.remote & dev_bit(d) != 0 {
         // The duplicate replaces d's remote mapping.
-        a.unmap_dev |= bit(d);
-        n.remote &= !bit(d);
+        a.unmap_dev |= dev_bit(d);
+        n.remote &= !dev_bit(d);
     }
-    n.dup |= bit(d);
+    n.dup |= dev_bit(d);
     a.map_dev = Some(DevMap { dev: d, writable: false, remote_host: false });
     n
 }
@@ -620,7 +621,7 @@ fn release(f: Fields, a: &mut Actions) -> Fields {
     a.unmap_dev = f.dup | f.remote;
     a.free_dup_frames = f.dup;
     if let Loc::Device(o) = f.loc {
-        a.unmap_dev |= bit(o);
+        a.unmap_dev |= dev_bit(o);
         a.free_frame = Some(o);
     }
     a.free_host = f.loc == Loc::Host || f.host_valid;
@@ -660,7 +661,7 @@ fn dev_fault(
     a: &mut Actions,
 ) -> Result<Fields, Refused> {
     let remote = |writable| Some(DevMap { dev: d, writable, remote_host: true });
-    let is_dup = f.dup & bit(d) != 0;
+    let is_dup = f.dup & dev_bit(d) != 0;
     // Arms that map the host page remotely or a duplicate return directly; the others give
     // the state in which `d` owns the page.
     let n = match f.loc {
@@ -669,7 +670,7 @@ fn dev_fault(
             a.alloc_host = true;
             a.copy = Copy::ZeroHost;
             a.map_dev = remote(true);
-            return Ok(Fields { remote: bit(d), ..Fields::HOST });
+            return Ok(Fields { remote: dev_bit(d), ..Fields::HOST });
         }
         Loc::None => {
             a.alloc_frame = Some(d);
@@ -681,13 +682,13 @@ fn dev_fault(
             if write {
                 collapse(&mut n, a);
             }
-            if n.dup & bit(d) != 0 {
+            if n.dup & dev_bit(d) != 0 {
                 // The remote mapping replaces d's duplicate.
-                a.unmap_dev |= bit(d);
-                a.free_dup_frames |= bit(d);
-                n.dup &= !bit(d);
+                a.unmap_dev |= dev_bit(d);
+                a.free_dup_frames |= dev_bit(d);
+                n.dup &= !dev_bit(d);
             }
-            n.remote |= bit(d);
+            n.remote |= dev_bit(d);
             a.map_dev = remote(n.dup == 0);
             return Ok(n);
         }
@@ -703,7 +704,7 @@ fn dev_fault(
         Loc::Device(o) if accessed_by => {
             // ACCESSED_BY maps the host page: bring the data home, then map it remotely.
             a.map_dev = remote(true);
-            return Ok(Fields { remote: bit(d), ..dev_to_host(f, o, a) });
+            return Ok(Fields { remote: dev_bit(d), ..dev_to_host(f, o, a) });
         }
         Loc::Device(o) if read_mostly && !write => return Ok(add_dup(f, d, Copy::D2D { from: o, to: d }, a)),
         Loc::Device(o) if f.parked && !write => unpark(f, o, d, a),
@@ -740,7 +741,7 @@ fn prefetch(f: Fields, to: Target, unpark_it: bool, a: &mut Actions) -> Result<F
         (Loc::Device(o), Target::Device(d)) if o == d => f,
         (Loc::Device(_), _) if f.pinned => return Err(Refused::Pinned),
         (Loc::Device(o), Target::Host) => dev_to_host(f, o, a),
-        (Loc::Device(o), Target::Device(d)) if unpark_it && f.parked && f.dup & bit(d) == 0 => unpark(f, o, d, a),
+        (Loc::Device(o), Target::Device(d)) if unpark_it && f.parked && f.dup & dev_bit(d) == 0 => unpark(f, o, d, a),
         (Loc::Device(o), Target::Device(d)) => dev_to_dev(f, o, d, a),
     };
     // A page moved to a device is mapped there too, so the device does not fault on it.
@@ -806,7 +807,7 @@ pub fn transition(s: PageState, e: Event) -> Result<(PageState, Actions), Refuse
                 // Like Evict, ignoring the pin.
                 Loc::Device(o) if o == dev => dev_to_host(f, o, &mut a),
                 _ => {
-                    let b = bit(dev);
+                    let b = dev_bit(dev);
                     let mut n = f;
                     a.unmap_dev = (f.dup | f.remote) & b;
                     a.free_dup_frames = f.dup & b;
@@ -823,7 +824,7 @@ pub fn transition(s: PageState, e: Event) -> Result<(PageState, Actions), Refuse
             match f.loc {
                 Loc::Device(_) if f.pinned => return Err(Refused::Pinned),
                 // The peer's duplicate (left by `unpark`) takes over: no copy.
-                Loc::Device(o) if o != dev && f.dup & bit(dev) != 0 => promote(f, o, dev, &mut a),
+                Loc::Device(o) if o != dev && f.dup & dev_bit(dev) != 0 => promote(f, o, dev, &mut a),
                 // Parked on the peer: nobody maps it until the next fault.
                 Loc::Device(o) if o != dev => Fields { parked: true, ..dev_to_dev(f, o, dev, &mut a) },
                 _ => f,
