@@ -184,9 +184,20 @@ fn move_block(
         steps.clear();
         let mut refusal = None;
         let mut j = i;
+        // The last state's transition (a pure function of the state and the event), reused
+        // while the pages share that state, as a block's pages mostly do.
+        let mut last: Option<(PageState, _)> = None;
         while j < chunk_end && steps.len() < migrate::BATCH_PAGES {
             let s = p.state(j);
-            match transition(s, event) {
+            let t = match last {
+                Some((ls, t)) if ls == s => t,
+                _ => {
+                    let t = transition(s, event);
+                    last = Some((s, t));
+                    t
+                }
+            };
+            match t {
                 Err(r) => {
                     refusal = Some(migrate::refusal_errno(r));
                     break;
