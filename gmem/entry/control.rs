@@ -46,6 +46,12 @@ pub(crate) fn apply(text: &str) -> Result {
                     return Err(EINVAL);
                 }
             }
+            "head" => {
+                let n = num(v)?;
+                if n < u64::from(HEAD_MIN) || n > u64::from(HEAD_MAX) {
+                    return Err(EINVAL);
+                }
+            }
             "thrash_window_us" => {
                 let w = num(v)?;
                 if w == 0 || w > 10_000_000 {
@@ -75,6 +81,7 @@ pub(crate) fn apply(text: &str) -> Result {
             "thrash" => THRASH.store(flag(v)?, Relaxed),
             "readahead" => READAHEAD.store(flag(v)?, Relaxed),
             "lanes" => LANES.store(num(v)? as u32, Relaxed),
+            "head" => HEAD_PAGES.store(num(v)? as u32, Relaxed),
             "multipath" => MULTIPATH.store(flag(v)?, Relaxed),
             "prefetch_pct" => PREFETCH_PCT.store(num(v)? as u32, Relaxed),
             "thrash_window_us" => THRASH_WINDOW_US.store(num(v)? as u32, Relaxed),
@@ -88,7 +95,7 @@ pub(crate) fn apply(text: &str) -> Result {
 pub(crate) fn show(f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
     writeln!(
         f,
-        "prefetch={} prefetch_pct={} preevict={} peer={} thrash={} thrash_window_us={} readahead={} lanes={} multipath={}",
+        "prefetch={} prefetch_pct={} preevict={} peer={} thrash={} thrash_window_us={} readahead={} lanes={} head={} multipath={}",
         u8::from(PREFETCH.load(Relaxed)),
         PREFETCH_PCT.load(Relaxed),
         u8::from(PREEVICT.load(Relaxed)),
@@ -97,6 +104,7 @@ pub(crate) fn show(f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         THRASH_WINDOW_US.load(Relaxed),
         u8::from(READAHEAD.load(Relaxed)),
         LANES.load(Relaxed),
+        HEAD_PAGES.load(Relaxed),
         u8::from(MULTIPATH.load(Relaxed))
     )
 }

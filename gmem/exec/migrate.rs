@@ -21,12 +21,14 @@ use crate::obj::host_page::HostPage;
 use crate::obj::region::{devices_in, Pages, Region, PAGE_SIZE};
 use crate::obj::space::Space;
 use crate::obj::trace::{self, Laps, Phase};
+use crate::obj::tune;
 use crate::policy::bits;
 use crate::policy::evict::{F_CLEAN, F_LENT, F_PINNED, F_REF};
 use crate::policy::frames::CHUNK_FRAMES;
 use crate::policy::page_state::{dev_bit, Actions, Copy, Loc, PageState, Refused, MAX_DEVICES};
 use crate::policy::paths::CHUNK_PAGES;
 use core::cell::OnceCell;
+use core::sync::atomic::Ordering::Relaxed;
 use kernel::{mm::virt::VmaRef, prelude::*, sync::Arc};
 
 /// Where a page's mappings live besides the region itself.
@@ -853,13 +855,6 @@ struct SharePlan {
     head_end: usize,
 }
 
-/// Copy entries in a batch's first part at most ([`pipelined`]): its copy starts once its
-/// own pages are allocated and revoked, and the other parts' allocation and revoke run
-/// while it is on the link. (Traces of PL's PREFETCH: a first block of 230-512 pages took
-/// 0.17-0.45 ms to allocate and 0.27-0.64 ms to revoke before its first copy started, the
-/// link idle; 128 pages take 1.5 ms on PL's link at 350 MB/s.)
-const HEAD_PAGES: usize = 128;
-
 /// Whether a batch runs in parts ([`pipelined`]): every copy it needs is the same driver
 /// call (one direction between the same devices, of the same driver), the source device
 /// has copy channels and the copies make two shares or more (`shares`), and a host-to-device
@@ -885,7 +880,7 @@ fn share_plan(steps: &[Step], devs: &Devs) -> Option<SharePlan> {
         return None;
     }
     // Two shares or more: `n >= 2 * CHUNK_MIN_PAGES`, and the first part leaves copies.
-    let head = core::cmp::min(HEAD_PAGES, n.div_ceil(parts));
+    let head = core::cmp::min(tune::HEAD_PAGES.load(Relaxed) as usize, n.div_ceil(parts));
     let mut copy_steps = steps.iter().enumerate().filter(|(_, st)| copy_key(st.a.copy).is_some());
     let head_end = copy_steps.nth(head.saturating_sub(1)).map_or(steps.len(), |(k, _)| k + 1);
     Some(SharePlan { key, head_end })

@@ -216,6 +216,31 @@ fn readahead_races_free_and_exit() -> TestResult {
     Ok(())
 }
 
+/// A fresh region of `len` bytes written by the CPU with `seed`'s pattern, then PREFETCHed
+/// to device 0: every page must be on the device and read the same from the device (with
+/// no fault) and from the CPU. Returns the region and its data. `what` names the setting.
+fn prefetched<'g>(
+    g: &'g libgmem::Gmem,
+    s: &libgmem::sim::Sim,
+    len: usize,
+    seed: u32,
+    what: &str,
+) -> Result<(libgmem::Region<'g>, Vec<u32>), String> {
+    let r = ok!(g.alloc(len as u64));
+    for (i, w) in words(&r).iter_mut().enumerate() {
+        *w = pattern(i, seed);
+    }
+    let want: Vec<u32> = (0..len / 4).map(|i| pattern(i, seed)).collect();
+    ok!(r.advise(GMEM_ADV_PREFETCH, 0));
+    let q = ok!(g.query(r.addr, len / 4096));
+    ensure!(q.iter().all(|&w| q_loc(w) == GMEM_LOC_DEVICE), "{what}: a page was not prefetched");
+    let o = ok!(s.checksum(r.addr, len as u64));
+    ensure!(o.faults == 0, "{what}: {} device faults after PREFETCH", o.faults);
+    ensure!(o.result == checksum(&want), "{what}: the device reads other data");
+    ensure!(words(&r)[..] == want[..], "{what}: the CPU reads other data");
+    Ok((r, want))
+}
+
 /// PREFETCH of 2-3 blocks (whole or partial) in three or two lanes moves every page with its
 /// data, like one lane; a copy failure in any lane fails the advice with that errno, every page keeps its data (on
 /// the device or still on the host), and no copy is left in flight when the call returns.
@@ -226,18 +251,7 @@ fn prefetch_lanes_are_exact_and_fail_cleanly() -> TestResult {
     for lanes in [3, 2, 1] {
         control(&format!("lanes={lanes}"))?;
         let res = (|| -> TestResult {
-            let seed = 0x1a4e_0000 | lanes;
-            let r = ok!(g.alloc(LEN as u64));
-            for (i, w) in words(&r).iter_mut().enumerate() {
-                *w = pattern(i, seed);
-            }
-            let want: Vec<u32> = (0..LEN / 4).map(|i| pattern(i, seed)).collect();
-            ok!(r.advise(GMEM_ADV_PREFETCH, 0));
-            let q = ok!(g.query(r.addr, LEN / 4096));
-            ensure!(q.iter().all(|&w| q_loc(w) == GMEM_LOC_DEVICE), "lanes={lanes}: a page was not prefetched");
-            let o = ok!(s.checksum(r.addr, LEN as u64));
-            ensure!(o.result == checksum(&want), "lanes={lanes}: the device reads other data");
-            ensure!(words(&r)[..] == want[..], "lanes={lanes}: the CPU reads other data");
+            let (r, want) = prefetched(&g, &s, LEN, 0x1a4e_0000 | lanes, &format!("lanes={lanes}"))?;
             // Back on the host (the CPU read them), then a PREFETCH whose first copy call
             // of over 100 pages fails after 100: the advice fails with EIO, part way.
             ok!(s.fail_copy(100, libc::EIO as u32));
@@ -262,6 +276,29 @@ fn prefetch_lanes_are_exact_and_fail_cleanly() -> TestResult {
     Ok(())
 }
 
+/// The `head=` switch: a batch in parts whose first part is the smallest (16 pages) or a
+/// whole block (512) moves every page of a PREFETCH over two and a half blocks with its
+/// data; sizes outside 16..512 are refused with EINVAL and change nothing.
+fn prefetch_head_sizes_are_exact() -> TestResult {
+    let (g, s) = open()?;
+    const LEN: usize = 2 * BLOCK + BLOCK / 2;
+    for bad in ["head=15", "head=513", "head=", "head=x"] {
+        match std::fs::write("/sys/kernel/debug/gmem/control", bad) {
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
+            other => return Err(format!("control {bad:?}: {other:?}, expected EINVAL")),
+        }
+    }
+    let line = std::fs::read_to_string("/sys/kernel/debug/gmem/control").map_err(|e| e.to_string())?;
+    ensure!(line.split_whitespace().any(|w| w == "head=128"), "head changed by refused writes: {line}");
+    for head in [16u32, 512] {
+        control(&format!("head={head}"))?;
+        let res = prefetched(&g, &s, LEN, 0x4ead_0000 | head, &format!("head={head}")).map(drop);
+        control("head=128")?; // the default
+        res?;
+    }
+    Ok(())
+}
+
 pub fn tests() -> Vec<crate::harness::Test> {
     use crate::harness::Test;
     vec![
@@ -270,5 +307,6 @@ pub fn tests() -> Vec<crate::harness::Test> {
         Test { name: "ahead_cpu_stream_reads_home_ahead", f: cpu_stream_reads_home_ahead },
         Test { name: "ahead_cpu_sequential_fault_around", f: cpu_sequential_fault_around },
         Test { name: "ahead_prefetch_lanes_are_exact_and_fail_cleanly", f: prefetch_lanes_are_exact_and_fail_cleanly },
+        Test { name: "ahead_prefetch_head_sizes_are_exact", f: prefetch_head_sizes_are_exact },
     ]
 }
