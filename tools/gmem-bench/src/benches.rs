@@ -213,6 +213,8 @@ pub struct Bench {
     /// The host link bandwidth (MB/s) the link-model runs use instead of a quarter of the
     /// measured baseline (`link=MBPS`).
     pub link_override: Option<u64>,
+    /// A control setting PL also runs every kind with (`ab=KEY=VALUE`).
+    pub ab: Option<String>,
 }
 
 /// One CPU copy style (see `copy`) on buffers of its own, timed on demand.
@@ -607,103 +609,117 @@ impl Bench {
         let expect = checksum_of(n / 4, |i| pattern(i, seed));
         let (mbps, paired) = self.link_mbps()?;
         let kinds = ["device_faults", "explicit_prefetch", "cpu_faults"];
-        let mut cells: Vec<Cell> = kinds.iter().map(|_| Cell::default()).collect();
+        // The defaults, and with `ab=` a second setting (its words joined by '+').
+        let variants: Vec<Option<String>> =
+            core::iter::once(None).chain(self.ab.as_ref().map(|c| Some(c.replace('+', " ")))).collect();
+        let mut cells: Vec<Vec<Cell>> =
+            variants.iter().map(|_| kinds.iter().map(|_| Cell::default()).collect()).collect();
         self.set_links(mbps)?;
         let run = (|| -> R<()> {
             for rep in 0..self.runs() {
                 progress("PL", rep + 1, self.runs(), "device faults, PREFETCH, CPU faults over a modelled link");
                 let timed = rep >= self.warm;
                 for (k, kind) in kinds.iter().enumerate() {
-                    sys::restore()?;
-                    // One link: PL judges each migration against sim0's host link alone (two
-                    // paths at once are P8's).
-                    sys::control("multipath=0")?;
-                    let mut compute = None;
-                    // The scheduler's figures of the run: (CPUs busy, waited in all, waited each).
-                    let mut sched = None;
-                    let (t, l0, l1) = self.counted(&mut cells[k], timed, || {
-                        let r = t!(self.g.alloc(n as u64));
-                        if k < 2 {
-                            cpu_write(words(&r), seed);
-                        } else {
-                            // Written by the device (placed there by zero fills: no link).
-                            t!(self.s0.fill(r.addr, n as u64, 0x5151));
+                    for o in 0..variants.len() {
+                        // Which setting goes first alternates between repetitions: drift within
+                        // one cancels.
+                        let v = if rep % 2 == 0 { o } else { variants.len() - 1 - o };
+                        let mark = if v == 0 { kind.to_string() } else { format!("{kind}_ab") };
+                        sys::restore()?;
+                        // One link: PL judges each migration against sim0's host link alone (two
+                        // paths at once are P8's).
+                        sys::control("multipath=0")?;
+                        if let Some(c) = &variants[v] {
+                            sys::control(c)?;
                         }
-                        // The kernel adds a task's run time to the totals when it leaves
-                        // its CPU: a short sleep on either side of the run flushes this
-                        // thread's (it computes, in the device's launches). The link's
-                        // counters are read inside those sleeps.
-                        let (s0, w0) = (sys::settled_sched_totals(), now());
-                        let l0 = t!(self.s0.link());
-                        sys::trace_mark(&format!("GMEM-PL start {kind} {rep}"));
-                        let t0 = now();
-                        match k {
-                            0 => {
+                        let mut compute = None;
+                        // The scheduler's figures of the run: (CPUs busy, waited in all, waited each).
+                        let mut sched = None;
+                        let (t, l0, l1) = self.counted(&mut cells[v][k], timed, || {
+                            let r = t!(self.g.alloc(n as u64));
+                            if k < 2 {
+                                cpu_write(words(&r), seed);
+                            } else {
+                                // Written by the device (placed there by zero fills: no link).
+                                t!(self.s0.fill(r.addr, n as u64, 0x5151));
+                            }
+                            // The kernel adds a task's run time to the totals when it leaves
+                            // its CPU: a short sleep on either side of the run flushes this
+                            // thread's (it computes, in the device's launches). The link's
+                            // counters are read inside those sleeps.
+                            let (s0, w0) = (sys::settled_sched_totals(), now());
+                            let l0 = t!(self.s0.link());
+                            sys::trace_mark(&format!("GMEM-PL start {mark} {rep}"));
+                            let t0 = now();
+                            match k {
+                                0 => {
+                                    let o = t!(self.s0.checksum(r.addr, n as u64));
+                                    ensure!(o.result == expect, "link {kind}: device checksum mismatch");
+                                }
+                                1 => {
+                                    t!(r.advise(GMEM_ADV_PREFETCH, self.d0));
+                                }
+                                _ => {
+                                    let bad = touch_pages(r.as_ptr().cast(), np, |p| {
+                                        0x5151u32.wrapping_add((p * PAGE / 4) as u32)
+                                    });
+                                    ensure!(bad == 0, "link {kind}: {bad} pages read wrong values");
+                                }
+                            }
+                            let t = now() - t0;
+                            sys::trace_mark(&format!("GMEM-PL end {mark} {rep}"));
+                            let l1 = t!(self.s0.link());
+                            let s1 = sys::settled_sched_totals();
+                            let w = now() - w0;
+                            if let (Some(a), Some(b)) = (s0, s1) {
+                                // How much CPU the run had, and how long runnable tasks (the
+                                // device's compute, copy workers, gmem's lanes) waited for one.
+                                let waited = b.wait_ns.saturating_sub(a.wait_ns) as f64 / 1e9;
+                                let arrivals = b.arrivals.saturating_sub(a.arrivals);
+                                let each = (arrivals > 0).then(|| waited / arrivals as f64);
+                                sched = Some((b.run_ns.saturating_sub(a.run_ns) as f64 / 1e9 / w, waited, each));
+                            }
+                            if k == 0 {
+                                // The device's own work alone: the same checksum again, every
+                                // page resident now (no fault, no migration; untimed above).
+                                let t1 = now();
                                 let o = t!(self.s0.checksum(r.addr, n as u64));
-                                ensure!(o.result == expect, "link {kind}: device checksum mismatch");
+                                compute = Some(now() - t1);
+                                ensure!(o.faults == 0 && o.result == expect, "link {kind}: resident checksum");
                             }
-                            1 => {
-                                t!(r.advise(GMEM_ADV_PREFETCH, self.d0));
+                            Ok((t, l0, l1))
+                        })?;
+                        let path = if k < 2 { PATH_H2D } else { PATH_D2H };
+                        let moved = |a: &SimLink, b: &SimLink| {
+                            (b.bytes[path] - a.bytes[path], b.busy_ns[path] - a.busy_ns[path])
+                        };
+                        let (bytes, busy) = moved(&l0, &l1);
+                        ensure!(bytes >= n as u64, "link {kind}: the link carried {bytes} bytes for {n}");
+                        // The model's own accounting: busy time is bytes / bandwidth (no latency set).
+                        ensure!(
+                            busy == bytes * 1000 / mbps || busy.abs_diff(bytes * 1000 / mbps) <= bytes / PAGE as u64,
+                            "link {kind}: {busy} ns busy for {bytes} bytes at {mbps} MB/s"
+                        );
+                        if timed {
+                            let c = &mut cells[v][k];
+                            c.push("time_s", t);
+                            c.push("bw_mbs", n as f64 / t / 1e6);
+                            c.push("ratio", n as f64 / t / 1e6 / mbps as f64);
+                            c.push("link_bytes_per_page", bytes as f64 / np as f64);
+                            if let Some((busy, waited, each)) = sched {
+                                c.push("cpus_busy", busy);
+                                c.push("cpu_wait_s", waited);
+                                if let Some(x) = each {
+                                    c.push("cpu_wait_each_s", x);
+                                }
                             }
-                            _ => {
-                                let bad = touch_pages(r.as_ptr().cast(), np, |p| {
-                                    0x5151u32.wrapping_add((p * PAGE / 4) as u32)
-                                });
-                                ensure!(bad == 0, "link {kind}: {bad} pages read wrong values");
+                            if let Some(tc) = compute {
+                                // The run cannot end before the slower of its link time and the
+                                // device's own work: the floor of perfect overlap.
+                                let floor = (n as f64 / (mbps as f64 * 1e6)).max(tc);
+                                c.push("compute_s", tc);
+                                c.push("time_over_floor", t / floor);
                             }
-                        }
-                        let t = now() - t0;
-                        sys::trace_mark(&format!("GMEM-PL end {kind} {rep}"));
-                        let l1 = t!(self.s0.link());
-                        let s1 = sys::settled_sched_totals();
-                        let w = now() - w0;
-                        if let (Some(a), Some(b)) = (s0, s1) {
-                            // How much CPU the run had, and how long runnable tasks (the
-                            // device's compute, copy workers, gmem's lanes) waited for one.
-                            let waited = b.wait_ns.saturating_sub(a.wait_ns) as f64 / 1e9;
-                            let arrivals = b.arrivals.saturating_sub(a.arrivals);
-                            let each = (arrivals > 0).then(|| waited / arrivals as f64);
-                            sched = Some((b.run_ns.saturating_sub(a.run_ns) as f64 / 1e9 / w, waited, each));
-                        }
-                        if k == 0 {
-                            // The device's own work alone: the same checksum again, every
-                            // page resident now (no fault, no migration; untimed above).
-                            let t1 = now();
-                            let o = t!(self.s0.checksum(r.addr, n as u64));
-                            compute = Some(now() - t1);
-                            ensure!(o.faults == 0 && o.result == expect, "link {kind}: resident checksum");
-                        }
-                        Ok((t, l0, l1))
-                    })?;
-                    let path = if k < 2 { PATH_H2D } else { PATH_D2H };
-                    let moved =
-                        |a: &SimLink, b: &SimLink| (b.bytes[path] - a.bytes[path], b.busy_ns[path] - a.busy_ns[path]);
-                    let (bytes, busy) = moved(&l0, &l1);
-                    ensure!(bytes >= n as u64, "link {kind}: the link carried {bytes} bytes for {n}");
-                    // The model's own accounting: busy time is bytes / bandwidth (no latency set).
-                    ensure!(
-                        busy == bytes * 1000 / mbps || busy.abs_diff(bytes * 1000 / mbps) <= bytes / PAGE as u64,
-                        "link {kind}: {busy} ns busy for {bytes} bytes at {mbps} MB/s"
-                    );
-                    if timed {
-                        let c = &mut cells[k];
-                        c.push("time_s", t);
-                        c.push("bw_mbs", n as f64 / t / 1e6);
-                        c.push("ratio", n as f64 / t / 1e6 / mbps as f64);
-                        c.push("link_bytes_per_page", bytes as f64 / np as f64);
-                        if let Some((busy, waited, each)) = sched {
-                            c.push("cpus_busy", busy);
-                            c.push("cpu_wait_s", waited);
-                            if let Some(x) = each {
-                                c.push("cpu_wait_each_s", x);
-                            }
-                        }
-                        if let Some(tc) = compute {
-                            // The run cannot end before the slower of its link time and the
-                            // device's own work: the floor of perfect overlap.
-                            let floor = (n as f64 / (mbps as f64 * 1e6)).max(tc);
-                            c.push("compute_s", tc);
-                            c.push("time_over_floor", t / floor);
                         }
                     }
                 }
@@ -713,21 +729,27 @@ impl Bench {
         sys::restore()?;
         self.set_links(0)?;
         run?;
-        let mut out = Json::obj().with("bytes", n).with("link_mbs", mbps).with("paired_baseline_mbs", paired);
-        for (k, kind) in kinds.iter().enumerate() {
-            let c = &cells[k];
-            let figures = c.stats(&[
-                "time_s",
-                "bw_mbs",
-                "ratio",
-                "link_bytes_per_page",
-                "compute_s",
-                "time_over_floor",
-                "cpus_busy",
-                "cpu_wait_s",
-                "cpu_wait_each_s",
-            ]);
-            out = out.with(kind, figures.with("per_migrated_page", c.work_per_page(np)));
+        let figures = |mut o: Json, cells: &[Cell]| {
+            for (c, kind) in cells.iter().zip(kinds) {
+                let f = c.stats(&[
+                    "time_s",
+                    "bw_mbs",
+                    "ratio",
+                    "link_bytes_per_page",
+                    "compute_s",
+                    "time_over_floor",
+                    "cpus_busy",
+                    "cpu_wait_s",
+                    "cpu_wait_each_s",
+                ]);
+                o = o.with(kind, f.with("per_migrated_page", c.work_per_page(np)));
+            }
+            o
+        };
+        let head = Json::obj().with("bytes", n).with("link_mbs", mbps).with("paired_baseline_mbs", paired);
+        let mut out = figures(head, &cells[0]);
+        if let (Some(c), Some(ab)) = (&self.ab, cells.get(1)) {
+            out = out.with("ab", figures(Json::obj().with("control", c.as_str()), ab));
         }
         Ok(out)
     }

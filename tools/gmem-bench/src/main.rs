@@ -9,7 +9,7 @@
 //! (its entry is null and the reason is in "errors"), 2 when the JSON did not validate.
 //!
 //! usage: gmem-bench [--smoke | --quick | --full] [reps=N] [only=P1+P4+...] [link=MBPS] [p4=NAME]
-//!                   [prof=NAME]
+//!                   [prof=NAME] [ab=KEY=VALUE]
 //!        gmem-bench copyprobe   (30 timings of each CPU copy style: TCG's memcpy is bimodal)
 //! (words may also be comma-separated, as in the kernel command line `gmembench=quick,only=P4`)
 //! Documentation/benchmarks.rst describes every benchmark and how to read the results.
@@ -37,10 +37,14 @@ struct Args {
     /// `prof=NAME`: a sampling CPU profile of the runs whose trace mark contains NAME
     /// (prof.rs; a diagnostic, printed as `GMEM-PROF` lines).
     prof: Option<String>,
+    /// `ab=KEY=VALUE`: PL also runs every kind with this control setting, alternating with
+    /// the defaults within each repetition (a comparison free of the host's drift between
+    /// boots; a diagnostic, reported as `link.ab`).
+    ab: Option<String>,
 }
 
 fn parse_args() -> Result<Args, String> {
-    let mut a = Args { mode: "full", reps: None, only: None, link: None, p4: None, prof: None };
+    let mut a = Args { mode: "full", reps: None, only: None, link: None, p4: None, prof: None, ab: None };
     let words: Vec<String> = std::env::args()
         .skip(1)
         .flat_map(|s| s.split([',', ' ']).map(str::to_string).collect::<Vec<_>>())
@@ -59,10 +63,11 @@ fn parse_args() -> Result<Args, String> {
             }
             Some(("p4", n)) => a.p4 = Some(n.to_string()),
             Some(("prof", n)) => a.prof = Some(n.to_string()),
+            Some(("ab", c)) if c.contains('=') => a.ab = Some(c.to_string()),
             None if w == "copyprobe" => a.mode = "copyprobe",
             _ => {
                 return Err(format!(
-                "unknown argument '{w}' (usage: gmem-bench [--smoke|--quick|--full] [reps=N] [only=P1+P4] [link=MBPS] [p4=NAME] [prof=NAME])"
+                "unknown argument '{w}' (usage: gmem-bench [--smoke|--quick|--full] [reps=N] [only=P1+P4] [link=MBPS] [p4=NAME] [prof=NAME] [ab=KEY=VALUE])"
             ))
             }
         }
@@ -185,6 +190,7 @@ fn setup(args: &Args) -> Result<Bench, String> {
         p3_pages: if smoke { 64 } else { 2048 },
         libc_memcpy_bw: None,
         link_override: args.link,
+        ab: args.ab.clone(),
         survey_paired_mbs: None,
     })
 }
