@@ -7,7 +7,7 @@
 //! - `peer=0|1`            park victims on peer devices with spare frames (default 1)
 //! - `readahead=0|1`       read-ahead of the next block for a streaming device (default 1)
 //! - `lanes=1..4`          blocks one PREFETCH advice works on at once (default 3)
-//! - `head=16..512`        pages in the first part of a batch in parts (default 128)
+//! - `head=16..256`        most pages in the first part of a batch in parts (default 128)
 //! - `multipath=0|1`       route part of a large host-to-device copy through an idle peer
 //!   when the links the drivers reported make that faster (default 1)
 //! - `thrash=0|1`          thrashing detection and response (default 1)
@@ -29,9 +29,11 @@ pub(crate) const MAX_LANES: u32 = 4;
 /// once its own pages are allocated and revoked, and the other parts' allocation and
 /// revoke run while it is on the link.
 pub(crate) static HEAD_PAGES: AtomicU32 = AtomicU32::new(128);
-/// The range `head=` accepts: from a quarter of a 2 MiB block's pages, down to whole.
+/// The range `head=` accepts. A batch runs in parts only if its copies make two shares or
+/// more, so its first part (`min(head, ceil(copies / shares))`) is at most half of a
+/// 512-page block: a larger `head` would act as 256.
 pub(crate) const HEAD_MIN: u32 = 16;
-pub(crate) const HEAD_MAX: u32 = 512;
+pub(crate) const HEAD_MAX: u32 = 256;
 pub(crate) static THRASH: AtomicBool = AtomicBool::new(true);
 pub(crate) static THRASH_WINDOW_US: AtomicU32 = AtomicU32::new(500);
 

@@ -5,7 +5,7 @@
 //! report the first error of any lane, and leave nothing running behind the call or behind
 //! the region's teardown.
 
-use crate::harness::{open, space_stat, words, TestResult};
+use crate::harness::{all_at, open, space_stat, words, TestResult};
 use crate::t_overcommit::{control, counter};
 use crate::{ensure, expect_errno, ok};
 use libgmem::sim::checksum;
@@ -276,13 +276,19 @@ fn prefetch_lanes_are_exact_and_fail_cleanly() -> TestResult {
     Ok(())
 }
 
-/// The `head=` switch: a batch in parts whose first part is the smallest (16 pages) or a
-/// whole block (512) moves every page of a PREFETCH over two and a half blocks with its
-/// data; sizes outside 16..512 are refused with EINVAL and change nothing.
+/// The `head=` switch bounds the first part of a batch in parts (`migrate::share_plan`:
+/// `min(head, ceil(copies / shares))`; with the sim's two channels a block's first part is
+/// at most 256 pages).
+/// - Sizes outside 16..256 are refused with EINVAL and change nothing.
+/// - `head=16`: a PREFETCH of one aligned block whose second part fails after 20 pages
+///   (the 16-page first part is too short to fail) keeps exactly the first 16 pages on the
+///   device; `head=256`: the first part itself, 256 pages, fails after 200, and no page
+///   moves (with the default 128, no copy of that block is longer than 200).
+/// - With either size, a PREFETCH over two and a half blocks moves every page with its
+///   data.
 fn prefetch_head_sizes_are_exact() -> TestResult {
     let (g, s) = open()?;
-    const LEN: usize = 2 * BLOCK + BLOCK / 2;
-    for bad in ["head=15", "head=513", "head=", "head=x"] {
+    for bad in ["head=15", "head=257", "head=", "head=x"] {
         match std::fs::write("/sys/kernel/debug/gmem/control", bad) {
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
             other => return Err(format!("control {bad:?}: {other:?}, expected EINVAL")),
@@ -290,9 +296,30 @@ fn prefetch_head_sizes_are_exact() -> TestResult {
     }
     let line = std::fs::read_to_string("/sys/kernel/debug/gmem/control").map_err(|e| e.to_string())?;
     ensure!(line.split_whitespace().any(|w| w == "head=128"), "head changed by refused writes: {line}");
-    for head in [16u32, 512] {
+    let chans = ok!(s.info()).channels;
+    ensure!(chans == 2, "the sim has {chans} copy channels, expected 2");
+    // (size, the copy length that fails, pages of the aligned block left on the device)
+    for (head, after, kept) in [(16u32, 20u64, 16usize), (256, 200, 0)] {
         control(&format!("head={head}"))?;
-        let res = prefetched(&g, &s, LEN, 0x4ead_0000 | head, &format!("head={head}")).map(drop);
+        let res = (|| -> TestResult {
+            let what = format!("head={head}");
+            let r = ok!(g.alloc(2 * BLOCK as u64));
+            for (i, w) in words(&r).iter_mut().enumerate() {
+                *w = pattern(i, 0x4ead_0000 | head);
+            }
+            let a = r.addr.next_multiple_of(BLOCK as u64);
+            let first = ((a - r.addr) / 4) as usize;
+            let want: Vec<u32> = (first..first + BLOCK / 4).map(|i| pattern(i, 0x4ead_0000 | head)).collect();
+            ok!(s.fail_copy_skipping(0, after, libc::EIO as u32));
+            expect_errno!(g.advise(a, BLOCK as u64, GMEM_ADV_PREFETCH, 0, 0), libc::EIO);
+            let q = ok!(g.query(a, BLOCK / 4096));
+            all_at(&q[..kept], GMEM_LOC_DEVICE, 0).map_err(|e| format!("{what}: first part: {e}"))?;
+            all_at(&q[kept..], GMEM_LOC_HOST, 0).map_err(|e| format!("{what}: later parts: {e}"))?;
+            ensure!(ok!(s.checksum(a, BLOCK as u64)).result == checksum(&want), "{what}: the device reads other data");
+            ensure!(words(&r)[first..first + BLOCK / 4] == want[..], "{what}: the CPU reads other data");
+            drop(r);
+            prefetched(&g, &s, 2 * BLOCK + BLOCK / 2, 0x4ead_1000 | head, &what).map(drop)
+        })();
         control("head=128")?; // the default
         res?;
     }
