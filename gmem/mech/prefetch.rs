@@ -22,9 +22,8 @@ use kernel::{mm::virt::VmaRef, prelude::*, sync::Arc};
 
 /// Runs density prefetch for the 2 MiB block at `block_va` (aligned down if it is not) of
 /// `r` after a fault batch that touched the pages in `faulted` (bitmap over the block's
-/// 512 pages). Returns whether the
-/// block is now wholly resident on the device (`policy::prefetch::read_ahead`: the caller
-/// may read the next block ahead).
+/// 512 pages). Returns whether the block is now wholly resident on the device
+/// (`policy::prefetch::read_ahead`: the caller may read the next block ahead).
 pub(crate) fn on_fault(
     dev: &Arc<Device>,
     r: &Arc<Region>,

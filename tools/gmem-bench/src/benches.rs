@@ -620,11 +620,14 @@ impl Bench {
                 progress("PL", rep + 1, self.runs(), "device faults, PREFETCH, CPU faults over a modelled link");
                 let timed = rep >= self.warm;
                 for (k, kind) in kinds.iter().enumerate() {
-                    for o in 0..variants.len() {
-                        // Which setting goes first alternates between timed repetitions, so
-                        // that drift within one cancels (with an odd count, one more has the
-                        // defaults first).
-                        let v = if rep.saturating_sub(self.warm) % 2 == 0 { o } else { variants.len() - 1 - o };
+                    // Which setting goes first alternates between timed repetitions, so that
+                    // drift within one cancels (with an odd count, one more has the defaults
+                    // first).
+                    let mut order: Vec<usize> = (0..variants.len()).collect();
+                    if rep.saturating_sub(self.warm) % 2 == 1 {
+                        order.reverse();
+                    }
+                    for v in order {
                         let mark = if v == 0 { kind.to_string() } else { format!("{kind}_ab") };
                         sys::restore()?;
                         // One link: PL judges each migration against sim0's host link alone (two

@@ -6,7 +6,7 @@
 //! the region's teardown.
 
 use crate::harness::{all_at, open, space_stat, words, TestResult};
-use crate::t_overcommit::{control, counter};
+use crate::t_overcommit::{control, control_refused, counter};
 use crate::{ensure, expect_errno, ok};
 use libgmem::sim::checksum;
 use libgmem::{q_loc, GMEM_ADV_PREFETCH, GMEM_LOC_DEVICE, GMEM_LOC_HOST};
@@ -48,16 +48,13 @@ fn stream_reads_the_next_block_ahead() -> TestResult {
     let (g, s) = open()?;
     const LEN: usize = 4 * BLOCK;
     on_and_off([0x0a11_0000, 0x0b22_0000], |on, seed| {
-        let r = ok!(g.alloc((LEN + BLOCK) as u64));
+        let (r, all) = cpu_written(&g, LEN + BLOCK, seed)?;
         let a = r.addr.next_multiple_of(BLOCK as u64);
         let first = ((a - r.addr) / 4) as usize;
-        for (i, w) in words(&r).iter_mut().enumerate() {
-            *w = pattern(i, seed);
-        }
-        let want: Vec<u32> = (first..first + LEN / 4).map(|i| pattern(i, seed)).collect();
+        let want = &all[first..first + LEN / 4];
         let ra0 = counter(0, "prefetch.readahead")?;
         let o = ok!(s.checksum(a, LEN as u64));
-        ensure!(o.result == checksum(&want), "readahead={}: the device read other data", u8::from(on));
+        ensure!(o.result == checksum(want), "readahead={}: the device read other data", u8::from(on));
         // The last read-ahead may still be running: it is of a block past the range
         // (the region's tail), so wait for the counter to settle first.
         let ra = if on {
@@ -75,7 +72,7 @@ fn stream_reads_the_next_block_ahead() -> TestResult {
         let q = ok!(g.query(a, LEN / 4096));
         ensure!(q.iter().all(|&w| q_loc(w) == GMEM_LOC_DEVICE), "a streamed page is not on the device");
         let w = words(&r);
-        ensure!(w[first..first + LEN / 4] == want[..], "the CPU reads other data than it wrote");
+        ensure!(w[first..first + LEN / 4] == *want, "the CPU reads other data than it wrote");
         Ok(())
     })
 }
@@ -170,10 +167,7 @@ fn readahead_races_free_and_exit() -> TestResult {
     let (g, s) = open()?;
     let used0 = counter(0, "used")?;
     for k in 0..16u32 {
-        let r = ok!(g.alloc((4 * BLOCK) as u64));
-        for (i, w) in words(&r).iter_mut().enumerate() {
-            *w = pattern(i, k);
-        }
+        let (r, _) = cpu_written(&g, 4 * BLOCK, k)?;
         // The first whole block: its fault reads the second ahead.
         let a = r.addr.next_multiple_of(BLOCK as u64);
         ok!(s.checksum(a, BLOCK as u64));
@@ -216,9 +210,17 @@ fn readahead_races_free_and_exit() -> TestResult {
     Ok(())
 }
 
-/// A fresh region of `len` bytes written by the CPU with `seed`'s pattern, then PREFETCHed
-/// to device 0: every page must be on the device and read the same from the device (with
-/// no fault) and from the CPU. Returns the region and its data. `what` names the setting.
+/// A fresh region of `len` bytes written by the CPU with `seed`'s pattern, and its data.
+fn cpu_written(g: &libgmem::Gmem, len: usize, seed: u32) -> Result<(libgmem::Region<'_>, Vec<u32>), String> {
+    let r = ok!(g.alloc(len as u64));
+    let want: Vec<u32> = (0..r.len / 4).map(|i| pattern(i, seed)).collect();
+    words(&r).copy_from_slice(&want);
+    Ok((r, want))
+}
+
+/// A region from [`cpu_written`], then PREFETCHed to device 0: every page must be on the
+/// device and read the same from the device (with no fault) and from the CPU. Returns the
+/// region and its data. `what` names the setting.
 fn prefetched<'g>(
     g: &'g libgmem::Gmem,
     s: &libgmem::sim::Sim,
@@ -226,11 +228,7 @@ fn prefetched<'g>(
     seed: u32,
     what: &str,
 ) -> Result<(libgmem::Region<'g>, Vec<u32>), String> {
-    let r = ok!(g.alloc(len as u64));
-    for (i, w) in words(&r).iter_mut().enumerate() {
-        *w = pattern(i, seed);
-    }
-    let want: Vec<u32> = (0..len / 4).map(|i| pattern(i, seed)).collect();
+    let (r, want) = cpu_written(g, len, seed)?;
     ok!(r.advise(GMEM_ADV_PREFETCH, 0));
     let q = ok!(g.query(r.addr, len / 4096));
     ensure!(q.iter().all(|&w| q_loc(w) == GMEM_LOC_DEVICE), "{what}: a page was not prefetched");
@@ -289,10 +287,7 @@ fn prefetch_lanes_are_exact_and_fail_cleanly() -> TestResult {
 fn prefetch_head_sizes_are_exact() -> TestResult {
     let (g, s) = open()?;
     for bad in ["head=15", "head=257", "head=", "head=x"] {
-        match std::fs::write("/sys/kernel/debug/gmem/control", bad) {
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
-            other => return Err(format!("control {bad:?}: {other:?}, expected EINVAL")),
-        }
+        control_refused(bad)?;
     }
     let line = std::fs::read_to_string("/sys/kernel/debug/gmem/control").map_err(|e| e.to_string())?;
     ensure!(line.split_whitespace().any(|w| w == "head=128"), "head changed by refused writes: {line}");
@@ -303,20 +298,17 @@ fn prefetch_head_sizes_are_exact() -> TestResult {
         control(&format!("head={head}"))?;
         let res = (|| -> TestResult {
             let what = format!("head={head}");
-            let r = ok!(g.alloc(2 * BLOCK as u64));
-            for (i, w) in words(&r).iter_mut().enumerate() {
-                *w = pattern(i, 0x4ead_0000 | head);
-            }
+            let (r, all) = cpu_written(&g, 2 * BLOCK, 0x4ead_0000 | head)?;
             let a = r.addr.next_multiple_of(BLOCK as u64);
             let first = ((a - r.addr) / 4) as usize;
-            let want: Vec<u32> = (first..first + BLOCK / 4).map(|i| pattern(i, 0x4ead_0000 | head)).collect();
+            let want = &all[first..first + BLOCK / 4];
             ok!(s.fail_copy_skipping(0, after, libc::EIO as u32));
             expect_errno!(g.advise(a, BLOCK as u64, GMEM_ADV_PREFETCH, 0, 0), libc::EIO);
             let q = ok!(g.query(a, BLOCK / 4096));
             all_at(&q[..kept], GMEM_LOC_DEVICE, 0).map_err(|e| format!("{what}: first part: {e}"))?;
             all_at(&q[kept..], GMEM_LOC_HOST, 0).map_err(|e| format!("{what}: later parts: {e}"))?;
-            ensure!(ok!(s.checksum(a, BLOCK as u64)).result == checksum(&want), "{what}: the device reads other data");
-            ensure!(words(&r)[first..first + BLOCK / 4] == want[..], "{what}: the CPU reads other data");
+            ensure!(ok!(s.checksum(a, BLOCK as u64)).result == checksum(want), "{what}: the device reads other data");
+            ensure!(words(&r)[first..first + BLOCK / 4] == *want, "{what}: the CPU reads other data");
             drop(r);
             prefetched(&g, &s, 2 * BLOCK + BLOCK / 2, 0x4ead_1000 | head, &what).map(drop)
         })();

@@ -4,15 +4,13 @@
 //! read-only and shared; ADVISE whose own argument struct lies in the range it pins works.
 
 use crate::harness::{child_signal, open, Test, TestResult};
+use crate::t_overcommit::control_refused;
 use crate::{ensure, ok};
 use libgmem::*;
 
 fn control_rejects_whitespace_only() -> TestResult {
     for text in [" ", "\n", " \t \n"] {
-        match std::fs::write("/sys/kernel/debug/gmem/control", text) {
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
-            other => return Err(format!("control {text:?}: {other:?}, expected EINVAL")),
-        }
+        control_refused(text)?;
     }
     Ok(())
 }

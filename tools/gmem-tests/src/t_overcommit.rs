@@ -17,6 +17,14 @@ pub fn control(cmd: &str) -> std::result::Result<(), String> {
     std::fs::write("/sys/kernel/debug/gmem/control", cmd).map_err(|e| format!("control '{cmd}': {e}"))
 }
 
+/// Writes `cmd` to `/sys/kernel/debug/gmem/control`, which must refuse it with EINVAL.
+pub fn control_refused(cmd: &str) -> std::result::Result<(), String> {
+    match std::fs::write("/sys/kernel/debug/gmem/control", cmd) {
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(()),
+        other => Err(format!("control {cmd:?}: {other:?}, expected EINVAL")),
+    }
+}
+
 /// A counter of device `dev` from debugfs, e.g. "evicted.to_peer" (`libgmem::debugfs`).
 pub fn counter(dev: u32, key: &str) -> std::result::Result<u64, String> {
     libgmem::debugfs::counter(dev, key).ok_or_else(|| format!("no counter {key} for dev{dev}"))
