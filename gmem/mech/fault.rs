@@ -375,7 +375,7 @@ fn dev_fault_step(
 /// counting its waits for frames in transit in the fault's `waits`.
 ///
 /// With `rest` (the batch starts a stream), the first batch also fetches the rest of the
-/// block (`prefetch::step`), mapped, marked prefetched, if the device has a block's frames
+/// block (`prefetch::Stepper`), mapped, marked prefetched, if the device has a block's frames
 /// free above its low watermark; `started` is called once its copies are on the link.
 /// What stops a fetched-ahead page (the device full, a failed copy) only ends the
 /// speculation: the faulted pages after it are fetched without it.
@@ -419,10 +419,11 @@ fn fault_pages(
         let thrash = if tune::THRASH.load(Relaxed) { Some(space.thrash.lock()) } else { None };
         let mut faulted = idx[next_page..].iter().peekable();
         let pages = if rest { p.range() } else { idx[next_page]..idx[idx.len() - 1] + 1 };
+        let mut stepper = prefetch::Stepper::new(d);
         for i in pages {
             if faulted.next_if_eq(&&i).is_none() {
                 if rest {
-                    if let Some(st) = prefetch::step(&p, &advice, i, d) {
+                    if let Some(st) = stepper.step(&p, &advice, i) {
                         ahead[(i - b0) / 64] |= 1 << ((i - b0) % 64);
                         steps.push(st, GFP_KERNEL)?;
                     }

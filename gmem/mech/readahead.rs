@@ -319,8 +319,9 @@ fn plan(r: &Region, p: &Pages, d: u8, steps: &mut KVec<Step>) -> u64 {
     steps.clear();
     let mut frames = 0u64;
     let marker = p.range().end < r.npages;
+    let mut stepper = prefetch::Stepper::new(d);
     for i in p.range() {
-        let Some(mut st) = prefetch::step(p, &advice, i, d) else { continue };
+        let Some(mut st) = stepper.step(p, &advice, i) else { continue };
         if st.a.alloc_frame.is_some() {
             frames += 1;
         }

@@ -396,7 +396,12 @@ struct FramePool {
 
 impl FramePool {
     /// Keeps the pinned/lent/sysmem counts right when a frame's flags go from `old` to `new`.
+    /// Most changes touch none of those bits (a page committed, a referenced bit), and
+    /// return at once: a P4 profile had put 14 ms of each 2x run's worker CPU here.
     fn recount(counts: [&mut u64; 3], old: u8, new: u8) {
+        if (old ^ new) & (F_PINNED | F_LENT | F_SYSMEM) == 0 {
+            return;
+        }
         let [pinned, lent, sysmem] = counts;
         for (bit, n) in [(F_PINNED, pinned), (F_LENT, lent), (F_SYSMEM, sysmem)] {
             match (old & bit != 0, new & bit != 0) {

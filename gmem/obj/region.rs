@@ -505,15 +505,40 @@ impl Region {
     }
 }
 
-/// Device ids whose bit is set in `mask`.
+/// Device ids whose bit is set in `mask`, lowest first: one step per set bit, so that an
+/// empty mask (most pages' duplicate masks) costs one test. (Testing all 16 bits put 40 %
+/// of the executor's commit loop in this iterator in a profile of P4's 2x stream.)
 pub(crate) fn devices_in(mask: u16) -> impl Iterator<Item = u8> {
-    (0..MAX_DEVICES as u8).filter(move |&d| mask & dev_bit(d) != 0)
+    const _: () = assert!(MAX_DEVICES <= u16::BITS as usize);
+    let mut m = mask;
+    core::iter::from_fn(move || {
+        let d = u8::try_from(m.trailing_zeros()).ok().filter(|_| m != 0)?;
+        m &= m - 1;
+        Some(d)
+    })
 }
 
 #[kunit_tests(gmem_region)]
 mod tests {
     use super::*;
     use crate::obj::space::tests::test_space;
+
+    #[test]
+    fn devices_in_lists_the_set_bits_in_order() {
+        let ids = |m: u16| {
+            let mut v = KVec::new();
+            for d in devices_in(m) {
+                v.push(d, GFP_KERNEL).expect("push");
+            }
+            v
+        };
+        assert!(ids(0).is_empty());
+        assert_eq!(&ids(0b1010_0000_0000_0001)[..], &[0, 13, 15]);
+        assert_eq!(&ids(dev_bit(7))[..], &[7]);
+        let all = ids(u16::MAX);
+        assert_eq!(all.len(), 16);
+        assert!(all.iter().enumerate().all(|(k, &d)| usize::from(d) == k));
+    }
 
     #[test]
     fn lookup_by_address_and_iteration() {
