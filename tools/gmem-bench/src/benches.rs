@@ -29,6 +29,7 @@ macro_rules! ensure {
 pub const PAGE: usize = 4096;
 
 /// One P4 configuration of the overcommit engine.
+#[derive(Clone)]
 pub struct P4Config {
     pub name: String,
     /// Words written to the control file before the runs.
@@ -1277,8 +1278,16 @@ impl Bench {
             .map(|c| KINDS.iter().map(|k| factors_of(c, k).iter().map(|_| Cell::default()).collect()).collect())
             .collect();
         let saved_wm = sys::watermarks(self.d0);
+        // With an `_ab` configuration (main.rs, `ab=`), every other repetition runs the
+        // configurations in reverse order, so that neither setting always goes first.
+        let ab = configs.iter().any(|c| c.name.ends_with("_ab"));
         for rep in 0..reps {
-            for (ci, c) in configs.iter().enumerate() {
+            let mut order: Vec<usize> = (0..configs.len()).collect();
+            if ab && rep % 2 == 1 {
+                order.reverse();
+            }
+            for ci in order {
+                let c = &configs[ci];
                 sys::restore()?;
                 sys::control(&c.control)?;
                 let mbps = link_mbps.filter(|_| c.link).map(|(m, _)| m);

@@ -39,7 +39,9 @@ struct Args {
     prof: Option<String>,
     /// `ab=KEY=VALUE`: PL also runs every kind with this control setting, alternating with
     /// the defaults within each repetition (a comparison free of the host's drift between
-    /// boots; a diagnostic, reported as `link.ab`).
+    /// boots; a diagnostic, reported as `link.ab`); so does P4's link configuration (as
+    /// `link_preevict1_prefetch1_ab`, P4's configurations in reverse order on odd
+    /// repetitions).
     ab: Option<String>,
 }
 
@@ -222,6 +224,14 @@ fn run(b: &mut Bench, args: &Args, out: &mut Json, errors: &mut Vec<Json>) -> i3
     // P4 takes most of the run time: at most 5 repetitions there.
     let p4_reps = b.reps.min(5);
     let (mut configs, touch_factors, touch_count) = p4_plan(smoke);
+    // With ab=, the judged link configuration runs a second time per repetition with that
+    // setting (a diagnostic configuration named `..._ab`), in the order that alternates.
+    if let Some(ab) = &args.ab {
+        if let Some(c) = configs.iter().find(|c| c.link && !c.diagnostic).cloned() {
+            let control = format!("{} {}", c.control, ab.replace('+', " "));
+            configs.push(P4Config { name: format!("{}_ab", c.name), control, diagnostic: true, ..c });
+        }
+    }
     if let Some(n) = &args.p4 {
         configs.retain(|c| c.name.contains(n.as_str()));
     }

@@ -10,10 +10,13 @@
 //! the timed span (each holds a whole run: `RING_PAGES`; a `LOST` record is counted). At
 //! the end, `report` prints the samples resolved against `/proc/kallsyms`:
 //! `GMEM-PROF self` lines, per symbol and task (trailing `:N`/`/N` of kworker names cut),
-//! and `GMEM-PROF spin` lines: for samples in a lock's spin or slow path, the first frame
-//! of the call chain outside the locking code (the guest kernel unwinds by guessing, so
-//! call chains can hold stale addresses: the first one is usually, not always, the caller,
-//! and the next ones tell which).
+//! `GMEM-PROF incl` lines (the time of each of gmem's and the simulated driver's functions
+//! with everything it called, from the call chains), and `GMEM-PROF spin` lines: for
+//! samples in a lock's spin or slow path, the first frame of the call chain outside the
+//! locking code. The guest kernel unwinds by guessing, so call chains can hold stale
+//! addresses: a spin's first frame is usually, not always, the caller (the next ones tell
+//! which), and an inclusive time can count a function that was not on the stack (an upper
+//! bound).
 //!
 //! Diagnostics only: sampling costs guest CPU (under TCG, about 1 % at 4 kHz), so never
 //! read timings of a profiled run as results.
@@ -292,8 +295,18 @@ pub fn report() {
     let mut by_task: HashMap<String, u64> = HashMap::new();
     let mut selfs: HashMap<(String, String), u64> = HashMap::new();
     let mut spins: HashMap<(String, String, String), u64> = HashMap::new();
+    let mut incl: HashMap<(String, String), u64> = HashMap::new();
     for s in &st.samples {
         let t = task(s.tid, &mut names);
+        // Inclusive time of gmem's and the simulated driver's functions: every distinct one
+        // on the sample's stack, once.
+        let mut seen: Vec<&str> = Vec::new();
+        for f in core::iter::once(s.ip).chain(s.chain.iter().skip(1).copied()).map(|a| symbol(&syms, a)) {
+            if f.contains("gmem") && !seen.contains(&f) {
+                seen.push(f);
+                *incl.entry((t.clone(), f.to_string())).or_default() += 1;
+            }
+        }
         *by_task.entry(t.clone()).or_default() += 1;
         let sym = symbol(&syms, s.ip).to_string();
         if locking(&sym) {
@@ -331,6 +344,11 @@ pub fn report() {
     v.sort_by_key(|b| std::cmp::Reverse(b.1));
     for ((t, sym), n) in v.iter().take(60) {
         println!("GMEM-PROF self {:8.1} ms  {t:14} {sym}", ms(*n));
+    }
+    let mut v: Vec<_> = incl.into_iter().collect();
+    v.sort_by_key(|b| std::cmp::Reverse(b.1));
+    for ((t, sym), n) in v.iter().take(50) {
+        println!("GMEM-PROF incl {:8.1} ms  {t:14} {sym}", ms(*n));
     }
     let mut v: Vec<_> = spins.into_iter().collect();
     v.sort_by_key(|b| std::cmp::Reverse(b.1));
