@@ -102,7 +102,7 @@ check: host-test initramfs
 bench: initramfs
 	@python3 scripts/bench.py --fingerprint > $(B)/bench-source.json
 	@echo "[bench] $(FLAVOUR) guest, progress below; full console log: $(B)/console-bench.log"
-	@set -o pipefail; GMEM_GUEST_APPEND="$(if $(BENCH_ARGS),gmembench=$(BENCH_ARGS)) $(if $(BENCH_TRACE),gmemtrace=1)" \
+	@set -o pipefail; GMEM_GUEST_APPEND="$(if $(BENCH_ARGS),gmembench=$(BENCH_ARGS)) $(if $(BENCH_TRACE),gmemtrace=1) $(if $(BENCH_CONTROL),gmemcontrol=$(BENCH_CONTROL))" \
 		bash scripts/run-guest.sh "$$(cat $(B)/kdir)" $(B)/initramfs.cpio.gz bench $(B)/console-bench.log $(GUEST_TIMEOUT_bench) \
 		| grep --line-buffered -E '^GMEM-BENCH (progress|error)|^GMEM-UTEST|^GMEM-INIT|^\[guest\]' || true
 	@python3 scripts/judge.py --console $(B)/console-bench.log > $(B)/judge-bench.txt; j=$$?; \

@@ -1278,9 +1278,9 @@ impl Bench {
             .map(|c| KINDS.iter().map(|k| factors_of(c, k).iter().map(|_| Cell::default()).collect()).collect())
             .collect();
         let saved_wm = sys::watermarks(self.d0);
-        // With an `_ab` configuration (main.rs, `ab=`), every other repetition runs the
-        // configurations in reverse order, so that neither setting always goes first.
-        let ab = configs.iter().any(|c| c.name.ends_with("_ab"));
+        // With `ab=` (main.rs adds the `_ab` configuration), every other repetition runs
+        // the configurations in reverse order, so that neither setting always goes first.
+        let ab = self.ab.is_some();
         for rep in 0..reps {
             let mut order: Vec<usize> = (0..configs.len()).collect();
             if ab && rep % 2 == 1 {
