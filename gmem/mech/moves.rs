@@ -48,7 +48,7 @@ use crate::mech::evict::{self, Why, Within};
 use crate::obj::device::{DevStats, Device};
 use crate::obj::region::Region;
 use crate::obj::{devices, pin_quota, sched, tune, wq};
-use crate::policy::page_state::{transition, Event, PageState};
+use crate::policy::page_state::{transition, ByState, Event, PageState};
 use core::sync::atomic::{
     AtomicBool,
     Ordering::{Acquire, Relaxed},
@@ -184,20 +184,10 @@ fn move_block(
         steps.clear();
         let mut refusal = None;
         let mut j = i;
-        // The last state's transition (a pure function of the state and the event), reused
-        // while the pages share that state, as a block's pages mostly do.
-        let mut last: Option<(PageState, _)> = None;
+        let mut transitions = ByState::new();
         while j < chunk_end && steps.len() < migrate::BATCH_PAGES {
             let s = p.state(j);
-            let t = match last {
-                Some((ls, t)) if ls == s => t,
-                _ => {
-                    let t = transition(s, event);
-                    last = Some((s, t));
-                    t
-                }
-            };
-            match t {
+            match transitions.get(s, |s| transition(s, event)) {
                 Err(r) => {
                     refusal = Some(migrate::refusal_errno(r));
                     break;

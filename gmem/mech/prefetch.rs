@@ -14,7 +14,7 @@ use crate::exec::migrate::{self, Env, Step};
 use crate::obj::device::{DevStats, Device, F_PREFETCHED};
 use crate::obj::region::{block_base, Pages, Region, ADVICE_RUNS, PAGE_SIZE};
 use crate::obj::{trace, tune};
-use crate::policy::page_state::{transition, Actions, Event, Loc, PageState, Target};
+use crate::policy::page_state::{transition, Actions, ByState, Event, Loc, PageState, Target};
 use crate::policy::prefetch::{density, read_ahead, sequential, BLOCK_PAGES};
 use crate::policy::range::AdviceMap;
 use core::sync::atomic::Ordering::Relaxed;
@@ -95,18 +95,18 @@ pub(crate) fn speculate(env: &Env<'_>, dev: &Device, p: &mut Pages, steps: &[Ste
 /// prefetch, read-ahead, the rest of a stream's block), page by page: the PREFETCH
 /// transition, mapped; none for a page that advice decides the placement of, or that is
 /// there already (a transition without actions at most ends a parking: nothing to fetch).
-/// The transition is a pure function of the page's state, so a page in the state of the
-/// one asked about before it reuses that answer: a block's pages are mostly in one state
-/// (a profile of P4's 2x stream had put 9 ms of each run's worker CPU in `transition` and
-/// the comparison of its actions, most of it for read-ahead's 512 pages per block).
+/// A page in the state of the one asked about before it reuses that answer
+/// (`ByState`; a profile of P4's 2x stream had put 9 ms of each run's worker CPU in
+/// `transition` and the comparison of its actions, most of it for read-ahead's 512 pages
+/// per block).
 pub(crate) struct Stepper {
     d: u8,
-    last: Option<(PageState, Option<(PageState, Actions)>)>,
+    steps: ByState<Option<(PageState, Actions)>>,
 }
 
 impl Stepper {
     pub(crate) fn new(d: u8) -> Self {
-        Stepper { d, last: None }
+        Stepper { d, steps: ByState::new() }
     }
 
     /// The step for page `i` of the locked block `p`, if any (see [`Stepper`]).
@@ -115,16 +115,9 @@ impl Stepper {
             return None;
         }
         let s = p.state(i);
-        let t = match self.last {
-            Some((ls, t)) if ls == s => t,
-            _ => {
-                let t = transition(s, Event::Prefetch { to: Target::Device(self.d) })
-                    .ok()
-                    .filter(|(_, a)| *a != Actions::default());
-                self.last = Some((s, t));
-                t
-            }
-        };
+        let to = Target::Device(self.d);
+        let t =
+            self.steps.get(s, |s| transition(s, Event::Prefetch { to }).ok().filter(|(_, a)| *a != Actions::default()));
         t.map(|(next, a)| Step { i, prev: s, next, a })
     }
 }
