@@ -9,7 +9,10 @@
  * thread, the prefetch worker, an eviction parking a page on a peer). When that process
  * has exited (mm->owner is NULL) the task doing the work is charged. The kernel patch
  * scripts/kernel-patches/0001-cgroup-dmem-charge-on-behalf-of-a-task.patch adds
- * dmem_cgroup_try_charge_task() for this.
+ * dmem_cgroup_try_charge_task() for this; 0002-cgroup-dmem-charge-and-uncharge-in-batches.patch
+ * adds dmem_cgroup_try_charge_task_many() and dmem_cgroup_uncharge_many(), so that a batch's
+ * frames are charged in one call (a 2 MiB block's 512 charges took 0.15-0.3 ms of a worker's
+ * time under TCG) and the frames a batch frees are uncharged together.
  *
  * Setting a cgroup's dmem.max below its use calls gmem_dmem_reclaim(), which asks the core
  * to evict that cgroup's frames (gmem_dmem_reclaim_frames() in obj/dmem.rs).
@@ -60,6 +63,9 @@ void gmem_dmem_unregister(struct dmem_cgroup_region *region)
  * Charges up to @n pages of @region to the dmem cgroup of @mm's owner, one charge per page,
  * storing each charged pool in @pools. Returns how many were charged; when a limit stopped
  * it, *@limit holds a reference to the pool at its limit (put with gmem_dmem_pool_put()).
+ * All @n are charged in one call when they fit; when they do not, page by page up to the
+ * limit (the batch's own limit reference is put first). Either way each page holds one
+ * reference, given back by gmem_dmem_uncharge() or gmem_dmem_uncharge_many().
  * @mm must be kept alive by the caller (mmgrab). May sleep.
  */
 u32 gmem_dmem_charge(struct dmem_cgroup_region *region, struct mm_struct *mm, u32 n,
@@ -78,7 +84,18 @@ u32 gmem_dmem_charge(struct dmem_cgroup_region *region, struct mm_struct *mm, u3
 		get_task_struct(owner);
 	rcu_read_unlock();
 #endif
-	for (k = 0; k < n; k++) {
+	k = 0;
+	if (n > 1) {
+		struct dmem_cgroup_pool_state *pool, *full = NULL;
+
+		if (!dmem_cgroup_try_charge_task_many(region, owner ?: current, PAGE_SIZE, n, &pool, &full)) {
+			for (; k < n; k++)
+				pools[k] = pool;
+		} else {
+			dmem_cgroup_pool_state_put(full);
+		}
+	}
+	for (; k < n; k++) {
 		if (dmem_cgroup_try_charge_task(region, owner ?: current, PAGE_SIZE, &pools[k], limit))
 			break;
 	}
@@ -91,6 +108,13 @@ void gmem_dmem_uncharge(struct dmem_cgroup_pool_state *pool);
 void gmem_dmem_uncharge(struct dmem_cgroup_pool_state *pool)
 {
 	dmem_cgroup_uncharge(pool, PAGE_SIZE);
+}
+
+/* @n page charges of @pool given back at once (as @n calls of gmem_dmem_uncharge()). */
+void gmem_dmem_uncharge_many(struct dmem_cgroup_pool_state *pool, u32 n);
+void gmem_dmem_uncharge_many(struct dmem_cgroup_pool_state *pool, u32 n)
+{
+	dmem_cgroup_uncharge_many(pool, PAGE_SIZE, n);
 }
 
 /*

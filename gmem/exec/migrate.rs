@@ -15,7 +15,7 @@ use crate::abi::{GMEM_PROT_READ, GMEM_PROT_WRITE, GMEM_PTE_2M};
 use crate::exec::multipath;
 use crate::obj::device::{self as devmod, CDriver, DevStats, Device, DeviceOps, FrameOp, Ops, Owner, F_PREFETCHED};
 use crate::obj::devices;
-use crate::obj::dmem::{Charge, Limit};
+use crate::obj::dmem::{self, Charge, Limit};
 use crate::obj::fence::Fence;
 use crate::obj::host_page::HostPage;
 use crate::obj::region::{devices_in, Pages, Region, PAGE_SIZE};
@@ -842,6 +842,11 @@ fn commit_steps(
             dev.note_prefetch(used, 0);
         }
     }
+    // The freed frames' charges, together (before the holders they replaced go).
+    dmem::give_back(ops.iter_mut().filter_map(|(_, op)| match op {
+        FrameOp::Dropped(_, c) => Some(c.take()),
+        _ => None,
+    }));
     ops.clear();
 }
 

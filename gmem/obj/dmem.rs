@@ -8,7 +8,10 @@
 //!   ([`Region::charge`], then `Device::alloc_*` pairs each frame with one [`Charge`]);
 //! - the frame's [`Charge`] lives in the pool's bookkeeping beside the frame and is dropped
 //!   (uncharging) when the frame is freed, whatever frees it; frames allocated without a
-//!   charge (KUnit) hold an empty one.
+//!   charge (KUnit) hold an empty one. A batch's frames are charged in one call and the
+//!   charges of the frames a batch frees are given back together ([`give_back`]), with
+//!   the kernel's batched calls (`scripts/kernel-patches/0002-*`); each frame still holds
+//!   exactly one charge of its own.
 //!
 //! Lifetimes: a [`Charge`] holds the references `dmem_cgroup_try_charge_task` took (the
 //! pool and its cgroup), so it may outlive the region and the cgroup's removal; the same
@@ -40,6 +43,7 @@ extern "C" {
         limit: *mut *mut RawPool,
     ) -> u32;
     fn gmem_dmem_uncharge(pool: *mut RawPool);
+    fn gmem_dmem_uncharge_many(pool: *mut RawPool, n: u32);
     fn gmem_dmem_evictable(limit: *mut RawPool, pool: *mut RawPool, ignore_low: bool) -> bool;
     fn gmem_dmem_pool_put(pool: *mut RawPool);
 }
@@ -150,6 +154,11 @@ impl Charge {
     /// No charge (a free frame, or one allocated without charging).
     pub(crate) const NONE: Charge = Charge(None);
 
+    /// The charge, leaving none in its place.
+    pub(crate) fn take(&mut self) -> Charge {
+        Charge(self.0.take())
+    }
+
     /// Whether the frame's cgroup protects it from an eviction that makes room on a full
     /// device (no cgroup limit involved): its use is within its effective `dmem.min`, or,
     /// unless `ignore_low`, its `dmem.low`. A frame without a charge is not protected.
@@ -160,6 +169,32 @@ impl Charge {
             Some(p) => !unsafe { gmem_dmem_evictable(core::ptr::null_mut(), p.as_ptr(), ignore_low) },
             None => false,
         }
+    }
+}
+
+/// Gives back `charges` as dropping each of them would, with one call per run of charges
+/// to the same pool (a batch frees frames charged together, mostly to one pool).
+pub(crate) fn give_back(charges: impl IntoIterator<Item = Charge>) {
+    // A run of `n` charges, each holding one reference to `pool`.
+    let mut run: Option<(NonNull<RawPool>, u32)> = None;
+    let flush = |(pool, n): (NonNull<RawPool>, u32)| {
+        // SAFETY: `n` charges to `pool`, taken out of their `Charge`s below, so given back
+        // once, here (type invariant of `Charge`).
+        unsafe { gmem_dmem_uncharge_many(pool.as_ptr(), n) }
+    };
+    for mut c in charges {
+        let Some(pool) = c.0.take() else { continue };
+        match &mut run {
+            Some((p, n)) if *p == pool && *n < u32::MAX => *n += 1,
+            _ => {
+                if let Some(done) = run.replace((pool, 1)) {
+                    flush(done);
+                }
+            }
+        }
+    }
+    if let Some(done) = run {
+        flush(done);
     }
 }
 
