@@ -843,10 +843,7 @@ fn commit_steps(
         }
     }
     // The freed frames' charges, together (before the holders they replaced go).
-    dmem::give_back(ops.iter_mut().filter_map(|(_, op)| match op {
-        FrameOp::Dropped(_, c) => Some(c.take()),
-        _ => None,
-    }));
+    dmem::give_back(ops.iter_mut().map(|(_, op)| op.take_charge()));
     ops.clear();
 }
 

@@ -365,6 +365,17 @@ pub(crate) enum FrameOp {
     Dropped(Option<Owner>, Charge),
 }
 
+impl FrameOp {
+    /// The charge of a `Dropped` op, taken out (none for the others), for
+    /// [`dmem::give_back`].
+    pub(crate) fn take_charge(&mut self) -> Charge {
+        match self {
+            FrameOp::Dropped(_, c) => c.take(),
+            _ => Charge::NONE,
+        }
+    }
+}
+
 /// Who holds a frame: a page of a region (as owner or read-only duplicate).
 #[derive(Clone)]
 pub(crate) struct Owner {
@@ -688,7 +699,8 @@ impl Device {
             }
             if !ops.is_empty() {
                 self.commit_frames(ops.iter_mut());
-                // The charges and owners it replaced are dropped here, without the lock.
+                // The charges (together) and owners it replaced go here, without the lock.
+                dmem::give_back(ops.iter_mut().map(FrameOp::take_charge));
                 ops.clear();
             }
         }

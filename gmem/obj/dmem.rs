@@ -8,15 +8,17 @@
 //!   ([`Region::charge`], then `Device::alloc_*` pairs each frame with one [`Charge`]);
 //! - the frame's [`Charge`] lives in the pool's bookkeeping beside the frame and is dropped
 //!   (uncharging) when the frame is freed, whatever frees it; frames allocated without a
-//!   charge (KUnit) hold an empty one. A batch's frames are charged in one call and the
-//!   charges of the frames a batch frees are given back together ([`give_back`]), with
-//!   the kernel's batched calls (`scripts/kernel-patches/0002-*`); each frame still holds
-//!   exactly one charge of its own.
+//!   charge (KUnit) hold an empty one. A batch's frames are charged in one call (the
+//!   kernel's `dmem_cgroup_try_charge_task_many`, `scripts/kernel-patches/0002-*`) and the
+//!   charges of the frames a batch's commit (or a drain of released device-private pages)
+//!   frees are given back together ([`give_back`]); frames freed one at a time uncharge
+//!   on drop. Each frame still holds exactly one charge of its own.
 //!
-//! Lifetimes: a [`Charge`] holds the references `dmem_cgroup_try_charge_task` took (the
-//! pool and its cgroup), so it may outlive the region and the cgroup's removal; the same
-//! holds for an owned [`Limit`]. The region is unregistered once ([`Region::unregister`],
-//! at device unregistration, or on drop), which also waits for running reclaim callbacks.
+//! Lifetimes: a [`Charge`] holds the references `dmem_cgroup_try_charge_task` (or its
+//! batched form, one per frame) took (the pool and its cgroup), so it may outlive the
+//! region and the cgroup's removal; the same holds for an owned [`Limit`]. The region is
+//! unregistered once ([`Region::unregister`], at device unregistration, or on drop), which
+//! also waits for running reclaim callbacks.
 
 use core::ptr::NonNull;
 use core::sync::atomic::{AtomicPtr, Ordering};
@@ -141,8 +143,9 @@ impl Drop for Region {
 /// One frame's charge (or none).
 ///
 /// # Invariants
-/// A `Some` pool holds one page-sized charge of `dmem_cgroup_try_charge_task`, given back
-/// exactly once, on drop.
+/// A `Some` pool holds one page-sized charge (with its references) of
+/// `dmem_cgroup_try_charge_task` or its batched form, given back exactly once: on drop, or
+/// by [`give_back`], which takes it out of the `Charge` first.
 pub(crate) struct Charge(Option<NonNull<RawPool>>);
 
 // SAFETY: a charge is given back from any context with `dmem_cgroup_uncharge`.
@@ -185,7 +188,8 @@ pub(crate) fn give_back(charges: impl IntoIterator<Item = Charge>) {
     for mut c in charges {
         let Some(pool) = c.0.take() else { continue };
         match &mut run {
-            Some((p, n)) if *p == pool && *n < u32::MAX => *n += 1,
+            // (The kernel takes at most `INT_MAX` at once.)
+            Some((p, n)) if *p == pool && *n < i32::MAX as u32 => *n += 1,
             _ => {
                 if let Some(done) = run.replace((pool, 1)) {
                     flush(done);
