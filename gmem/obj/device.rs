@@ -359,8 +359,9 @@ pub(crate) enum FrameOp {
     /// Record `who` (taken) as the frame's holder; flags become `(old & keep) | set`;
     /// `settle`: count the frame if it was still marked prefetched.
     Own { frame: u32, who: Option<Owner>, set: u8, keep: u8, settle: bool },
-    /// Done: the holder it replaced and the charge of a freed frame, held only to be
-    /// dropped (the charge given back) without the pool lock.
+    /// Done: the holder it replaced and the charge of a freed frame, held only to be let
+    /// go without the pool lock (the charges of a batch's ops together,
+    /// [`FrameOp::take_charge`] and [`dmem::give_back`]; the holders on drop).
     #[allow(dead_code)]
     Dropped(Option<Owner>, Charge),
 }
