@@ -76,6 +76,19 @@ impl Accuracy {
 /// Words of a block bitmap.
 const WORDS: usize = BLOCK_PAGES / 64;
 
+/// Whether [`density`] may count a block's resident pages as populated (UVM's rule) for a
+/// device with `free` frames, low watermark `low`, whose prefetch has been paying
+/// (`pays`, [`Accuracy::pays`]); otherwise only the faulted pages count. Resident pages
+/// mean something only while the device has room: under oversubscription pages are
+/// evicted one by one, half-resident blocks are the norm, and almost any fault would tip
+/// its block over the threshold (at 2x with random touches, 24 % of what it fetched was
+/// used). So the resident pages stop counting once the device lacks a block's frames
+/// above its low watermark and prefetch has stopped paying; they count again as soon as
+/// either comes back (streams keep it paying: their own rule fetches whole blocks).
+pub fn density_counts_resident(free: u64, low: u64, pays: bool) -> bool {
+    pays || free >= low.saturating_add(BLOCK_PAGES as u64)
+}
+
 /// Whether a device fault batch that leaves the device holding `resident` of the block's
 /// `valid` pages should start reading the next block ahead: when the block is wholly
 /// resident (the density rule fetched the rest, or it was there already) and has any valid
@@ -309,6 +322,21 @@ impl Default for Stride {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn resident_pages_count_with_room_or_while_prefetch_pays() {
+        use super::{density_counts_resident as counts, BLOCK_PAGES as B};
+        let b = B as u64;
+        // Room for a block above the low watermark: UVM's rule, paying or not.
+        assert!(counts(64 + b, 64, false));
+        assert!(counts(u64::MAX, 64, false));
+        // Short of it: only while prefetch pays.
+        assert!(!counts(64 + b - 1, 64, false));
+        assert!(counts(64 + b - 1, 64, true));
+        assert!(!counts(0, 0, false));
+        // A watermark near the top cannot wrap into "room".
+        assert!(!counts(u64::MAX - 1, u64::MAX, false));
+    }
+
     #[test]
     fn chain_goes_on_within_depth_and_skips_to_the_reader() {
         // Next block, while within three of the reader at 10.

@@ -294,6 +294,29 @@ fn parked_page_read_back_goes_out_again_without_a_copy() -> TestResult {
     res
 }
 
+/// Random reads over twice the device, as P4's `touch 2x`: about half of every block is
+/// resident, which must not make each touch fetch its whole block (the density rule
+/// counted resident pages: 5.5-6.0 pages moved per touch, against 1.5 with `prefetch=0`;
+/// with resident pages not counting under oversubscription while prefetch does not pay,
+/// 1.8-1.9). The bound is 3 per touch. Every page keeps the FILL's data.
+fn random_touches_over_capacity_do_not_fetch_whole_blocks() -> TestResult {
+    let (g, s) = open()?;
+    let cap = capacity(&s)?;
+    let r = ok!(g.alloc(cap * 2));
+    ok!(s.fill(r.addr, r.len as u64, 41));
+    let count = 8192u64;
+    let t0 = transfers()?;
+    ok!(s.touch(r.addr, r.len as u64, count, 7, false));
+    let moved = transfers()? - t0;
+    ensure!(
+        moved <= 3 * count,
+        "{moved} pages moved for {count} random reads over twice the device (prefetch accuracy {}%)",
+        counter(0, "prefetch.accuracy_pct")?
+    );
+    ensure!(checksum(words(&r)) == checksum(&fill_words(r.len, 41)), "CPU read-back wrong");
+    Ok(())
+}
+
 /// Pages evicted from device `dev` so far (to host, to a peer, dropped clean).
 fn evicted(dev: u32) -> std::result::Result<u64, String> {
     Ok(counter(dev, "evicted.to_host")? + counter(dev, "evicted.to_peer")? + counter(dev, "evicted.clean_dropped")?)
@@ -625,6 +648,10 @@ pub fn tests() -> Vec<Test> {
         Test { name: "stream_2x_capacity", f: stream_2x_capacity },
         Test { name: "stream_4x_capacity", f: stream_4x_capacity },
         Test { name: "random_access_3x", f: random_access_3x },
+        Test {
+            name: "random_touches_over_capacity_do_not_fetch_whole_blocks",
+            f: random_touches_over_capacity_do_not_fetch_whole_blocks,
+        },
         Test {
             name: "prefetch_with_room_for_part_of_a_block_keeps_every_page",
             f: prefetch_with_room_for_part_of_a_block_keeps_every_page,
