@@ -4,7 +4,7 @@
 //! subregion more than `prefetch_pct`% resident-or-faulted is fetched whole) says so.
 //! Switch off with `prefetch=0` in `/sys/kernel/debug/gmem/control` (for measuring).
 //! Under oversubscription, while prefetch is not paying, the resident pages stop counting
-//! (`policy::prefetch::density_counts_resident`).
+//! (`policy::prefetch::density_counts_resident`; overcommit.rst "Density prefetch").
 //!
 //! Prefetched frames carry `F_PREFETCHED` until the page is touched or a move away from the
 //! device settles it (by the device's accessed bit: used or wasted, debugfs counters; once,
@@ -15,9 +15,11 @@
 use crate::exec::migrate::{self, Env, Step};
 use crate::obj::device::{DevStats, Device, F_PREFETCHED};
 use crate::obj::region::{block_base, Pages, Region, ADVICE_RUNS, PAGE_SIZE};
-use crate::obj::{trace, tune};
+use crate::obj::{sched, trace, tune};
 use crate::policy::page_state::{transition, Actions, ByState, Event, Loc, PageState, Target};
-use crate::policy::prefetch::{density, density_counts_resident, read_ahead, sequential, BLOCK_PAGES};
+use crate::policy::prefetch::{
+    density, density_counting, density_counts_resident, read_ahead, sequential, BLOCK_PAGES,
+};
 use crate::policy::range::AdviceMap;
 use core::sync::atomic::Ordering::Relaxed;
 use kernel::{mm::virt::VmaRef, prelude::*, sync::Arc};
@@ -57,14 +59,12 @@ pub(crate) fn on_fault(
             resident[w] |= b;
         }
     }
-    // Under oversubscription, while prefetch is not paying, only the faulted pages count
-    // (`density_counts_resident`); what is resident is never fetched either way.
-    let counted =
-        if density_counts_resident(dev.frames_free_hint(), dev.low(), dev.prefetch_pays()) { resident } else { [0; 8] };
-    let mut extra = density(&counted, faulted, &valid, tune::PREFETCH_PCT.load(Relaxed), BLOCK_PAGES);
-    for (e, r) in extra.iter_mut().zip(&resident) {
-        *e &= !r;
-    }
+    // Under oversubscription, while prefetch is not paying, only the faulted pages make a
+    // subregion dense (`density_counts_resident`).
+    let settled_ago = sched::now_ns().saturating_sub(dev.prefetch_settled_ns());
+    let count_resident = density_counts_resident(dev.frames_free_hint(), dev.high(), dev.prefetch_pays(), settled_ago);
+    let pct = tune::PREFETCH_PCT.load(Relaxed);
+    let extra = density_counting(&resident, faulted, &valid, pct, BLOCK_PAGES, count_resident);
     let Ok(mut steps) = KVec::<Step>::with_capacity(BLOCK_PAGES, GFP_KERNEL) else { return false };
     let mut stepper = Stepper::new(d);
     for (k, j) in pages() {

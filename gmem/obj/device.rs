@@ -498,6 +498,8 @@ pub(crate) struct Device {
     /// How much of what the device prefetched it used lately (`policy::prefetch::Accuracy`,
     /// updated as prefetched pages settle: [`Device::note_prefetch`]).
     prefetch_accuracy: AtomicU32,
+    /// When a settled page last moved the estimate (`sched::now_ns`; 0: never).
+    prefetch_settled_ns: AtomicU64,
     /// Link bandwidths the driver reported (`gmem_dev_set_links`), MB/s, 0 unknown:
     /// host-to-device, device-to-host, device-to-peer.
     links: [AtomicU64; 3],
@@ -585,6 +587,7 @@ impl Device {
                 stream_of: core::sync::atomic::AtomicUsize::new(0),
                 chan_rr: AtomicU32::new(0),
                 prefetch_accuracy: AtomicU32::new(Accuracy::ONE),
+                prefetch_settled_ns: AtomicU64::new(0),
                 links: [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)],
                 gone: AtomicBool::new(false),
                 callbacks <- new_srcu!("gmem_device_callbacks"),
@@ -1083,6 +1086,13 @@ impl Device {
         let _ = self
             .prefetch_accuracy
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| Some(Accuracy(v).settle(used, wasted).0));
+        self.prefetch_settled_ns.store(crate::obj::sched::now_ns(), Ordering::Relaxed);
+    }
+
+    /// When a settled prefetched page last moved the accuracy estimate (`sched::now_ns`
+    /// time; 0 if none ever did).
+    pub(crate) fn prefetch_settled_ns(&self) -> u64 {
+        self.prefetch_settled_ns.load(Ordering::Relaxed)
     }
 
     /// Whether prefetch has paid on this device lately (at least half of the pages it

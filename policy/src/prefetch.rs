@@ -25,8 +25,9 @@
 //! stride between them; differences that do not fit an `i64` never count as a stride.
 //!
 //! [`Accuracy`] is a device's running estimate of how much of what it prefetched the device
-//! then used: eviction spares untouched prefetched pages, and read-ahead evicts to make
-//! room, only while it says prefetch pays.
+//! then used: eviction spares untouched prefetched pages, read-ahead evicts to make room,
+//! and a device short of room counts its resident pages towards density
+//! ([`density_counts_resident`]), only while it says prefetch pays.
 #![allow(dead_code, unreachable_pub)]
 
 /// Pages in a 2 MiB block.
@@ -76,17 +77,24 @@ impl Accuracy {
 /// Words of a block bitmap.
 const WORDS: usize = BLOCK_PAGES / 64;
 
-/// Whether [`density`] may count a block's resident pages as populated (UVM's rule) for a
-/// device with `free` frames, low watermark `low`, whose prefetch has been paying
-/// (`pays`, [`Accuracy::pays`]); otherwise only the faulted pages count. Resident pages
-/// mean something only while the device has room: under oversubscription pages are
-/// evicted one by one, half-resident blocks are the norm, and almost any fault would tip
-/// its block over the threshold (at 2x with random touches, 24 % of what it fetched was
-/// used). So the resident pages stop counting once the device lacks a block's frames
-/// above its low watermark and prefetch has stopped paying; they count again as soon as
-/// either comes back (streams keep it paying: their own rule fetches whole blocks).
-pub fn density_counts_resident(free: u64, low: u64, pays: bool) -> bool {
-    pays || free >= low.saturating_add(BLOCK_PAGES as u64)
+/// How long an accuracy estimate that no settled page has moved stays evidence: after
+/// that, [`density_counts_resident`] trusts the resident pages again, so that prefetch
+/// gets a new sample (nothing else would give it one while it is off).
+pub const ESTIMATE_STALE_NS: u64 = 100_000_000;
+
+/// Whether [`density_counting`] may count a block's resident pages as populated (UVM's
+/// rule) on a device with `free` frames and high watermark `high`, whose prefetch has
+/// been paying (`pays`, [`Accuracy::pays`]) and whose estimate last moved `settled_ago`
+/// ns ago. Resident pages mean something only while the device has room: under
+/// oversubscription pages are evicted one by one, half-resident blocks are the norm, and
+/// almost any fault would tip its block over the threshold (at 2x with random touches,
+/// 22-25 % of what it fetched was used). So they stop counting on a device without a
+/// block's frames above its high watermark (the level background eviction refills to)
+/// while prefetch has not been paying, and count again once either comes back, or once
+/// the estimate is older than [`ESTIMATE_STALE_NS`] (with resident pages not counting,
+/// hardly anything is prefetched, so hardly anything settles to lift it).
+pub fn density_counts_resident(free: u64, high: u64, pays: bool, settled_ago: u64) -> bool {
+    pays || settled_ago >= ESTIMATE_STALE_NS || free >= high.saturating_add(BLOCK_PAGES as u64)
 }
 
 /// Whether a device fault batch that leaves the device holding `resident` of the block's
@@ -195,12 +203,28 @@ pub fn density(
     threshold_pct: u32,
     max_pages: usize,
 ) -> [u64; 8] {
+    density_counting(resident, faulted, valid, threshold_pct, max_pages, true)
+}
+
+/// [`density`], counting the resident pages as populated only if `count_resident`
+/// ([`density_counts_resident`]); otherwise they count as unpopulated pages of their
+/// subregions (only the faulted pages make a subregion dense). Resident pages are never
+/// picked either way, nor charged to `max_pages`.
+pub fn density_counting(
+    resident: &[u64; 8],
+    faulted: &[u64; 8],
+    valid: &[u64; 8],
+    threshold_pct: u32,
+    max_pages: usize,
+    count_resident: bool,
+) -> [u64; 8] {
     let t = u64::from(threshold_pct.clamp(1, 100));
     // Populated pages counted against valid ones; candidates are the valid absent pages.
     let mut populated = [0u64; WORDS];
     let mut candidates = [0u64; WORDS];
     for i in 0..WORDS {
-        populated[i] = (resident[i] | faulted[i]) & valid[i];
+        let counted = if count_resident { resident[i] } else { 0 };
+        populated[i] = (counted | faulted[i]) & valid[i];
         candidates[i] = valid[i] & !(resident[i] | faulted[i]);
     }
     let mut out = [0u64; WORDS];
@@ -323,18 +347,54 @@ impl Default for Stride {
 #[cfg(test)]
 mod tests {
     #[test]
-    fn resident_pages_count_with_room_or_while_prefetch_pays() {
-        use super::{density_counts_resident as counts, BLOCK_PAGES as B};
+    fn resident_pages_count_with_room_while_prefetch_pays_or_once_the_estimate_is_stale() {
+        use super::{density_counts_resident as counts, BLOCK_PAGES as B, ESTIMATE_STALE_NS as STALE};
         let b = B as u64;
-        // Room for a block above the low watermark: UVM's rule, paying or not.
-        assert!(counts(64 + b, 64, false));
-        assert!(counts(u64::MAX, 64, false));
-        // Short of it: only while prefetch pays.
-        assert!(!counts(64 + b - 1, 64, false));
-        assert!(counts(64 + b - 1, 64, true));
-        assert!(!counts(0, 0, false));
+        // Room for a block above the high watermark: UVM's rule, paying or not.
+        assert!(counts(128 + b, 128, false, 0));
+        assert!(counts(u64::MAX, 128, false, 0));
+        // Short of it: only while prefetch pays, or once the estimate is stale.
+        assert!(!counts(128 + b - 1, 128, false, 0));
+        assert!(!counts(128 + b - 1, 128, false, STALE - 1));
+        assert!(counts(128 + b - 1, 128, false, STALE));
+        assert!(counts(128 + b - 1, 128, true, 0));
+        assert!(!counts(0, 0, false, 0));
         // A watermark near the top cannot wrap into "room".
-        assert!(!counts(u64::MAX - 1, u64::MAX, false));
+        assert!(!counts(u64::MAX - 1, u64::MAX, false, 0));
+    }
+
+    #[test]
+    fn without_resident_pages_only_faults_make_density_and_residents_are_never_picked() {
+        use super::{density, density_counting, BLOCK_PAGES};
+        let valid = [u64::MAX; 8];
+        // Every other page resident (a half-resident block) and one fault.
+        let resident = [0x5555_5555_5555_5555u64; 8];
+        let mut faulted = [0u64; 8];
+        faulted[3] = 1 << 1;
+        // UVM's rule: the fault tips its 64-page subregion over 51 % (33 of 64; the block,
+        // 257 of 512, stays under): the subregion's other 31 absent pages are fetched.
+        let uvm = density(&resident, &faulted, &valid, 51, BLOCK_PAGES);
+        assert_eq!(uvm.iter().map(|w| w.count_ones()).sum::<u32>(), 31);
+        // Resident pages not counted: one fault in a pair with a resident page is half
+        // of it, not more; nothing is fetched.
+        assert_eq!(density_counting(&resident, &faulted, &valid, 51, BLOCK_PAGES, false), [0; 8]);
+        // With nothing resident, both rules are the same.
+        let none = [0u64; 8];
+        let mut two = [0u64; 8];
+        two[0] = 0b1010;
+        let got = density_counting(&none, &two, &valid, 51, BLOCK_PAGES, false);
+        assert_eq!(got, density(&none, &two, &valid, 51, BLOCK_PAGES));
+        // A dense quad of faults among resident pages: its absent page is picked, never a
+        // resident one, and every pick is charged to the budget.
+        let mut res = [0u64; 8];
+        res[0] = 0b1_0000;
+        let mut quad = [0u64; 8];
+        quad[0] = 0b0111;
+        let got = density_counting(&res, &quad, &valid, 51, 1, false);
+        assert_eq!(got[0], 0b1000);
+        for (g, r) in got.iter().zip(&res) {
+            assert_eq!(g & r, 0);
+        }
     }
 
     #[test]

@@ -306,8 +306,11 @@ fn random_touches_over_capacity_do_not_fetch_whole_blocks() -> TestResult {
     ok!(s.fill(r.addr, r.len as u64, 41));
     let count = 8192u64;
     let t0 = transfers()?;
-    ok!(s.touch(r.addr, r.len as u64, count, 7, false));
+    let o = ok!(s.touch(r.addr, r.len as u64, count, 7, false));
     let moved = transfers()? - t0;
+    // The device read the first word of each page it touched: FILL's 41 + word index.
+    let expect = touch_pages(r.pages() as u64, count, 7).iter().fold(0u64, |a, p| a.wrapping_add(41 + p * 1024));
+    ensure!(o.result == expect, "device read {:#x}, expected {expect:#x}", o.result);
     ensure!(
         moved <= 3 * count,
         "{moved} pages moved for {count} random reads over twice the device (prefetch accuracy {}%)",
