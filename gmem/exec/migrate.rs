@@ -801,10 +801,7 @@ fn revoke(env: &Env<'_>, p: &Pages, steps: &[Step], devs: &Devs) {
             // Settled page by page in page order, as before the bits came per block: the
             // accuracy estimate caps each update, so one update for the block would weigh
             // used and wasted pages differently.
-            for k in bits::ones(&asked) {
-                let used = bits::test(&used_bits, k);
-                dev.note_prefetch(u64::from(used), u64::from(!used));
-            }
+            dev.settle_prefetched(bits::ones(&asked).map(|k| bits::test(&used_bits, k)));
         }
         runs(
             steps,

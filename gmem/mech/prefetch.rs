@@ -4,7 +4,7 @@
 //! subregion more than `prefetch_pct`% resident-or-faulted is fetched whole) says so.
 //! Switch off with `prefetch=0` in `/sys/kernel/debug/gmem/control` (for measuring).
 //! Under oversubscription, while prefetch is not paying, the resident pages stop counting
-//! (`policy::prefetch::density_counts_resident`; overcommit.rst "Density prefetch").
+//! (`policy::prefetch::resident_pages`; overcommit.rst "Density prefetch").
 //!
 //! Prefetched frames carry `F_PREFETCHED` until the page is touched or a move away from the
 //! device settles it (by the device's accessed bit: used or wasted, debugfs counters; once,
@@ -18,7 +18,7 @@ use crate::obj::region::{block_base, Pages, Region, ADVICE_RUNS, PAGE_SIZE};
 use crate::obj::{sched, trace, tune};
 use crate::policy::page_state::{transition, Actions, ByState, Event, Loc, PageState, Target};
 use crate::policy::prefetch::{
-    density, density_counting, density_counts_resident, read_ahead, sequential, BLOCK_PAGES,
+    density, density_counting, read_ahead, resident_pages, sequential, Resident, BLOCK_PAGES,
 };
 use crate::policy::range::AdviceMap;
 use core::sync::atomic::Ordering::Relaxed;
@@ -60,11 +60,16 @@ pub(crate) fn on_fault(
         }
     }
     // Under oversubscription, while prefetch is not paying, only the faulted pages make a
-    // subregion dense (`density_counts_resident`).
-    let settled_ago = sched::now_ns().saturating_sub(dev.prefetch_settled_ns());
-    let count_resident = density_counts_resident(dev.frames_free_hint(), dev.high(), dev.prefetch_pays(), settled_ago);
+    // subregion dense, but for a probe now and then (`resident_pages`).
+    let now = sched::now_ns();
+    let settled_ago = now.saturating_sub(dev.prefetch_settled_ns());
+    let rule = resident_pages(dev.frames_free_hint(), dev.high(), dev.prefetch_pays(), settled_ago);
+    if rule == Resident::Probe {
+        // The next probe comes a stale period later at the earliest.
+        dev.prefetch_settled_at(now);
+    }
     let pct = tune::PREFETCH_PCT.load(Relaxed);
-    let extra = density_counting(&resident, faulted, &valid, pct, BLOCK_PAGES, count_resident);
+    let extra = density_counting(&resident, faulted, &valid, pct, BLOCK_PAGES, rule.counted());
     let Ok(mut steps) = KVec::<Step>::with_capacity(BLOCK_PAGES, GFP_KERNEL) else { return false };
     let mut stepper = Stepper::new(d);
     for (k, j) in pages() {

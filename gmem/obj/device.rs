@@ -498,7 +498,8 @@ pub(crate) struct Device {
     /// How much of what the device prefetched it used lately (`policy::prefetch::Accuracy`,
     /// updated as prefetched pages settle: [`Device::note_prefetch`]).
     prefetch_accuracy: AtomicU32,
-    /// When a settled page last moved the estimate (`sched::now_ns`; 0: never).
+    /// When a settled page last moved the estimate, or a probe restarted its clock
+    /// (`sched::now_ns`; 0: never).
     prefetch_settled_ns: AtomicU64,
     /// Link bandwidths the driver reported (`gmem_dev_set_links`), MB/s, 0 unknown:
     /// host-to-device, device-to-host, device-to-peer.
@@ -1069,16 +1070,33 @@ impl Device {
             }
         }
         // One page at a time, as the accuracy estimate wants (it caps each update).
-        for _ in 0..prefetched {
-            self.note_prefetch(1, 0);
-        }
+        self.settle_prefetched((0..prefetched).map(|_| true));
     }
 
     /// Counts prefetched pages that settled: `used` by the device, `wasted` (evicted or
-    /// moved away untouched); the counters and the accuracy estimate.
+    /// moved away untouched); the counters, the accuracy estimate and its clock.
     pub(crate) fn note_prefetch(&self, used: u64, wasted: u64) {
+        if self.settle(used, wasted) {
+            self.prefetch_settled_at(crate::obj::sched::now_ns());
+        }
+    }
+
+    /// [`Device::note_prefetch`] page by page (`true`: used), in order, reading the clock
+    /// once.
+    pub(crate) fn settle_prefetched(&self, pages: impl Iterator<Item = bool>) {
+        let mut any = false;
+        for used in pages {
+            any |= self.settle(u64::from(used), u64::from(!used));
+        }
+        if any {
+            self.prefetch_settled_at(crate::obj::sched::now_ns());
+        }
+    }
+
+    /// The counters and the estimate of `note_prefetch`; whether anything settled.
+    fn settle(&self, used: u64, wasted: u64) -> bool {
         if used == 0 && wasted == 0 {
-            return;
+            return false;
         }
         DevStats::add(&self.stats.prefetch_used, used);
         DevStats::add(&self.stats.prefetch_wasted, wasted);
@@ -1086,13 +1104,18 @@ impl Device {
         let _ = self
             .prefetch_accuracy
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| Some(Accuracy(v).settle(used, wasted).0));
-        self.prefetch_settled_ns.store(crate::obj::sched::now_ns(), Ordering::Relaxed);
+        true
     }
 
-    /// When a settled prefetched page last moved the accuracy estimate (`sched::now_ns`
-    /// time; 0 if none ever did).
+    /// When the accuracy estimate last moved, or a probe restarted its clock
+    /// (`sched::now_ns` time; 0 if never): `policy::prefetch::resident_pages`.
     pub(crate) fn prefetch_settled_ns(&self) -> u64 {
         self.prefetch_settled_ns.load(Ordering::Relaxed)
+    }
+
+    /// Restarts the estimate's clock at `now` (a settled page, or a probe).
+    pub(crate) fn prefetch_settled_at(&self, now: u64) {
+        self.prefetch_settled_ns.store(now, Ordering::Relaxed);
     }
 
     /// Whether prefetch has paid on this device lately (at least half of the pages it

@@ -27,7 +27,7 @@
 //! [`Accuracy`] is a device's running estimate of how much of what it prefetched the device
 //! then used: eviction spares untouched prefetched pages, read-ahead evicts to make room,
 //! and a device short of room counts its resident pages towards density
-//! ([`density_counts_resident`]), only while it says prefetch pays.
+//! ([`resident_pages`]), only while it says prefetch pays.
 #![allow(dead_code, unreachable_pub)]
 
 /// Pages in a 2 MiB block.
@@ -78,23 +78,46 @@ impl Accuracy {
 const WORDS: usize = BLOCK_PAGES / 64;
 
 /// How long an accuracy estimate that no settled page has moved stays evidence: after
-/// that, [`density_counts_resident`] trusts the resident pages again, so that prefetch
-/// gets a new sample (nothing else would give it one while it is off).
+/// that, [`resident_pages`] lets one decision count the resident pages again (a probe), so
+/// that prefetch gets new samples (hardly any come while resident pages do not count).
 pub const ESTIMATE_STALE_NS: u64 = 100_000_000;
 
-/// Whether [`density_counting`] may count a block's resident pages as populated (UVM's
-/// rule) on a device with `free` frames and high watermark `high`, whose prefetch has
-/// been paying (`pays`, [`Accuracy::pays`]) and whose estimate last moved `settled_ago`
-/// ns ago. Resident pages mean something only while the device has room: under
-/// oversubscription pages are evicted one by one, half-resident blocks are the norm, and
-/// almost any fault would tip its block over the threshold (at 2x with random touches,
-/// 22-25 % of what it fetched was used). So they stop counting on a device without a
-/// block's frames above its high watermark (the level background eviction refills to)
-/// while prefetch has not been paying, and count again once either comes back, or once
-/// the estimate is older than [`ESTIMATE_STALE_NS`] (with resident pages not counting,
-/// hardly anything is prefetched, so hardly anything settles to lift it).
-pub fn density_counts_resident(free: u64, high: u64, pays: bool, settled_ago: u64) -> bool {
-    pays || settled_ago >= ESTIMATE_STALE_NS || free >= high.saturating_add(BLOCK_PAGES as u64)
+/// What [`density_counting`] does with a block's resident pages ([`resident_pages`]).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Resident {
+    /// Counted as populated: UVM's rule.
+    Count,
+    /// Counted, as a probe of a stale estimate: the caller restarts the estimate's clock,
+    /// so that the next probe comes [`ESTIMATE_STALE_NS`] later at the earliest.
+    Probe,
+    /// Not counted: only the faulted pages make a subregion dense.
+    Ignore,
+}
+
+impl Resident {
+    /// Whether the resident pages count as populated.
+    pub fn counted(self) -> bool {
+        self != Resident::Ignore
+    }
+}
+
+/// What the density rule does with a block's resident pages on a device with `free`
+/// frames and high watermark `high`, whose prefetch has been paying (`pays`,
+/// [`Accuracy::pays`]) and whose estimate last moved `settled_ago` ns ago. Resident pages
+/// mean something only while the device has room: under oversubscription pages are
+/// evicted one by one, half-resident blocks are the norm, and almost any fault would tip
+/// its block over the threshold. So they count (UVM's rule) on a device with a block's
+/// frames above its high watermark (the level background eviction refills to) or while
+/// prefetch pays; otherwise not, except for a probe once the estimate is older than
+/// [`ESTIMATE_STALE_NS`].
+pub fn resident_pages(free: u64, high: u64, pays: bool, settled_ago: u64) -> Resident {
+    if pays || free >= high.saturating_add(BLOCK_PAGES as u64) {
+        Resident::Count
+    } else if settled_ago >= ESTIMATE_STALE_NS {
+        Resident::Probe
+    } else {
+        Resident::Ignore
+    }
 }
 
 /// Whether a device fault batch that leaves the device holding `resident` of the block's
@@ -207,7 +230,7 @@ pub fn density(
 }
 
 /// [`density`], counting the resident pages as populated only if `count_resident`
-/// ([`density_counts_resident`]); otherwise they count as unpopulated pages of their
+/// ([`resident_pages`]); otherwise they count as unpopulated pages of their
 /// subregions (only the faulted pages make a subregion dense). Resident pages are never
 /// picked either way, nor charged to `max_pages`.
 pub fn density_counting(
@@ -347,20 +370,23 @@ impl Default for Stride {
 #[cfg(test)]
 mod tests {
     #[test]
-    fn resident_pages_count_with_room_while_prefetch_pays_or_once_the_estimate_is_stale() {
-        use super::{density_counts_resident as counts, BLOCK_PAGES as B, ESTIMATE_STALE_NS as STALE};
+    fn resident_pages_count_with_room_or_while_prefetch_pays_and_a_stale_estimate_probes() {
+        use super::{resident_pages as rule, Resident, BLOCK_PAGES as B, ESTIMATE_STALE_NS as STALE};
         let b = B as u64;
         // Room for a block above the high watermark: UVM's rule, paying or not.
-        assert!(counts(128 + b, 128, false, 0));
-        assert!(counts(u64::MAX, 128, false, 0));
-        // Short of it: only while prefetch pays, or once the estimate is stale.
-        assert!(!counts(128 + b - 1, 128, false, 0));
-        assert!(!counts(128 + b - 1, 128, false, STALE - 1));
-        assert!(counts(128 + b - 1, 128, false, STALE));
-        assert!(counts(128 + b - 1, 128, true, 0));
-        assert!(!counts(0, 0, false, 0));
+        assert_eq!(rule(128 + b, 128, false, 0), Resident::Count);
+        assert_eq!(rule(u64::MAX, 128, false, 0), Resident::Count);
+        // Short of it: counted while prefetch pays; otherwise not, but a stale estimate
+        // probes.
+        assert_eq!(rule(128 + b - 1, 128, true, 0), Resident::Count);
+        assert_eq!(rule(128 + b - 1, 128, true, STALE), Resident::Count);
+        assert_eq!(rule(128 + b - 1, 128, false, 0), Resident::Ignore);
+        assert_eq!(rule(128 + b - 1, 128, false, STALE - 1), Resident::Ignore);
+        assert_eq!(rule(128 + b - 1, 128, false, STALE), Resident::Probe);
+        assert_eq!(rule(0, 0, false, 0), Resident::Ignore);
         // A watermark near the top cannot wrap into "room".
-        assert!(!counts(u64::MAX - 1, u64::MAX, false, 0));
+        assert_eq!(rule(u64::MAX - 1, u64::MAX, false, 0), Resident::Ignore);
+        assert!(Resident::Count.counted() && Resident::Probe.counted() && !Resident::Ignore.counted());
     }
 
     #[test]
@@ -378,23 +404,16 @@ mod tests {
         // Resident pages not counted: one fault in a pair with a resident page is half
         // of it, not more; nothing is fetched.
         assert_eq!(density_counting(&resident, &faulted, &valid, 51, BLOCK_PAGES, false), [0; 8]);
-        // With nothing resident, both rules are the same.
-        let none = [0u64; 8];
-        let mut two = [0u64; 8];
-        two[0] = 0b1010;
-        let got = density_counting(&none, &two, &valid, 51, BLOCK_PAGES, false);
-        assert_eq!(got, density(&none, &two, &valid, 51, BLOCK_PAGES));
-        // A dense quad of faults among resident pages: its absent page is picked, never a
-        // resident one, and every pick is charged to the budget.
+        // Two quads three-quarters faulted: the first's fourth page is resident, the
+        // second's absent. A budget of one page goes to the absent one, not to the
+        // resident page (which comes first).
         let mut res = [0u64; 8];
-        res[0] = 0b1_0000;
-        let mut quad = [0u64; 8];
-        quad[0] = 0b0111;
-        let got = density_counting(&res, &quad, &valid, 51, 1, false);
-        assert_eq!(got[0], 0b1000);
-        for (g, r) in got.iter().zip(&res) {
-            assert_eq!(g & r, 0);
-        }
+        res[0] = 0b0000_1000;
+        let mut quads = [0u64; 8];
+        quads[0] = 0b0111_0111;
+        let got = density_counting(&res, &quads, &valid, 51, 1, false);
+        assert_eq!(got[0], 0b1000_0000);
+        assert!(got[1..].iter().all(|&w| w == 0));
     }
 
     #[test]
