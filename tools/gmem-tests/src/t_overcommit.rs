@@ -247,11 +247,10 @@ fn transfers() -> std::result::Result<u64, String> {
 
 /// A page parked on the peer and read back keeps its peer copy, so that evicting it again
 /// costs no copy: streaming a device write then a device read over twice the device moves
-/// each page about twice (out once, back once), as the host route does. Measured: 2.01
-/// pages moved per page; 2.52 when the read-back dropped the peer copy. Which frames the
-/// eviction clock picks depends on when frames are freed and accessed bits are read, so
-/// the figure varies from boot to boot: 2.00-2.14 over 30 boots of this test (2 above 2.125,
-/// the bound until then). The bound is 2.25.
+/// each page about twice (out once, back once), as the host route does. Measured 2.00-2.14
+/// pages moved per page over 30 boots (two above the previous bound, 2.125: which frames
+/// the eviction clock picks depends on when frames are freed and accessed bits are read);
+/// 2.52 when the read-back dropped the peer copy. The bound is 2.25.
 fn parked_page_read_back_goes_out_again_without_a_copy() -> TestResult {
     let (g, s0) = open()?;
     let s1 = Sim::open(1).map_err(|e| e.to_string())?;
