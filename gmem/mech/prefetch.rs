@@ -70,6 +70,11 @@ pub(crate) fn on_fault(
     }
     let pct = tune::PREFETCH_PCT.load(Relaxed);
     let extra = density_counting(&resident, faulted, &valid, pct, BLOCK_PAGES, rule.counted());
+    if extra.iter().all(|&w| w == 0) {
+        // Nothing to fetch (a marker fault in a block read ahead, say): the residency
+        // above already holds the fault batch's pages.
+        return read_ahead(&resident, &valid);
+    }
     let Ok(mut steps) = KVec::<Step>::with_capacity(BLOCK_PAGES, GFP_KERNEL) else { return false };
     let mut stepper = Stepper::new(d);
     for (k, j) in pages() {

@@ -251,6 +251,11 @@ pub fn density_counting(
         candidates[i] = valid[i] & !(resident[i] | faulted[i]);
     }
     let mut out = [0u64; WORDS];
+    // Only candidates are ever picked: with none (a marker fault in a block read ahead, a
+    // fault that completes its block), the tree has nothing to give.
+    if candidates.iter().all(|&w| w == 0) {
+        return out;
+    }
     let mut budget = max_pages;
     // The valid, populated and faulted pages counted by subregion, one level of the tree
     // at a time (each level's counts the sums of the level's below: 6 steps over 8 words

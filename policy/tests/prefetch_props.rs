@@ -3,7 +3,7 @@
 //! (largest dense subregion per faulted page) and its documented bounds; `sequential`
 //! and `Stride` against direct references.
 
-use gmem_policy::prefetch::{chain_next, chain_start, density, sequential, Stride, BLOCK_PAGES};
+use gmem_policy::prefetch::{chain_next, chain_start, density, density_counting, sequential, Stride, BLOCK_PAGES};
 use proptest::prelude::*;
 
 type Bm = [u64; 8];
@@ -130,6 +130,19 @@ proptest! {
         }
         let got = density(&r, &f, &v, 51, BLOCK_PAGES);
         prop_assert_eq!((got[s] | r[s] | f[s]) & v[s], v[s]);
+    }
+
+    /// A block whose every valid page is resident or faulted has nothing to prefetch,
+    /// whatever the rule counts (the early return for a block with no candidates).
+    #[test]
+    fn nothing_absent_prefetches_nothing(r in bitmap(), f in faults(), v in valid(), t in 1u32..=100) {
+        let mut r = r;
+        for i in 0..8 {
+            r[i] |= v[i] & !f[i];
+        }
+        prop_assert_eq!(density(&r, &f, &v, t, BLOCK_PAGES), [0u64; 8]);
+        prop_assert_eq!(reference(&r, &f, &v, t), [0u64; 8]);
+        prop_assert_eq!(density_counting(&r, &f, &v, t, BLOCK_PAGES, false), [0u64; 8]);
     }
 
     #[test]
