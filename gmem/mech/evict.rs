@@ -2,8 +2,9 @@
 //! Eviction: device memory as a cache in front of host memory.
 //!
 //! - Order: CLOCK over frames (`policy/src/evict.rs`), fed by faults and prefetches (set
-//!   the referenced bit) and by the driver's accessed bits (second chance). Pinned frames
-//!   are never chosen; frames parked by peers go first.
+//!   the referenced bit) and by the driver's accessed bits (second chance, except in
+//!   blocks the device's stream has gone past). Pinned frames are never chosen; frames
+//!   parked by peers go first.
 //! - A victim leaves with its 2 MiB neighbourhood: the hand's victims of one 2 MiB block
 //!   of a region, and every other page of that block on the same device, not pinned and
 //!   not referenced, go in the same batch (one block lock).
@@ -215,32 +216,123 @@ enum Verdict {
     /// Spared once: marked referenced and spared.
     Spared,
     Evict,
+    /// The device touched it, but its stream has gone past the block: no second chance,
+    /// it goes (a pending prefetch of it settles as used).
+    Passed,
+}
+
+/// Where a block lies for the device's stream, as eviction sees it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Place {
+    /// In the read-ahead window (`Device::ahead_of_reader`), and this is pre-eviction.
+    Ahead,
+    /// Gone past by a live stream whose prefetches pay (`Device::behind_reader`).
+    Behind,
+    Elsewhere,
 }
 
 /// The verdict on page `i` (owner frame on `dev`, with flags `fl`; `touched`: the
-/// device's accessed bit, just tested and cleared; `ahead`: its block lies in the
-/// device's read-ahead window, between the block it reads in and the chain's front,
-/// and this is pre-eviction). A page gets a second chance if the device touched it since
-/// the last look; or, every time, if it was prefetched, is ahead, unused yet, and prefetch
-/// pays on this device (two passes of the hand took such blocks before the device came to
-/// them: P4's 2x stream wasted 500-700 prefetched pages per run, 2.05 transfers per page);
-/// or, once, if it prefers this device, or it was prefetched, the device has not touched
-/// it yet and prefetch has been paying on this device (`Device::prefetch_pays`, as of the start of the round; read-ahead evicted
-/// before use is a wasted transfer and a fetch again: a trace of P4's 2x stream showed the
-/// hand, after a sweep that cleared every reference bit, taking blocks just read ahead).
-fn verdict(dev: &Device, advice: &AdviceMap<ADVICE_RUNS>, i: usize, fl: u8, touched: bool, ahead: bool) -> Verdict {
-    if touched {
-        return Verdict::Used;
-    }
+/// device's accessed bit, just tested and cleared; `place`: where its block lies for the
+/// device's stream). A page gets a second chance if the device touched it since the last
+/// look, unless its block is behind the stream (below); or, every time, if it was
+/// prefetched, is ahead, unused yet, and prefetch pays on this device (two passes of the
+/// hand took such blocks before the device came to them: P4's 2x stream wasted 500-700
+/// prefetched pages per run, 2.05 transfers per page); or, once, if it prefers this
+/// device, or it was prefetched, the device has not touched it yet and prefetch has been
+/// paying on this device (`Device::prefetch_pays`; read-ahead evicted before use is a
+/// wasted transfer and a fetch again: a trace of P4's 2x stream showed the hand, after a
+/// sweep that cleared every reference bit, taking blocks just read ahead).
+///
+/// A page the device touched in a block its stream has gone past is `Passed` instead of
+/// `Used`, unless it prefers this device: a stream reads each page once, so a second
+/// chance only sends the hand round again. (In P4's 2x stream, read-ahead's room-making
+/// passes swept the whole pool in 64-frame rounds that freed nothing, 0.6-9.5 ms each,
+/// marking the pages the checksum had just read as referenced, while the device waited
+/// for its next block.)
+fn verdict(dev: &Device, advice: &AdviceMap<ADVICE_RUNS>, i: usize, fl: u8, touched: bool, place: Place) -> Verdict {
     let preferred = adv::preferred(advice.get(i as u64)) == Some(Target::Device(dev.id as u8));
+    if touched {
+        return if place == Place::Behind && !preferred { Verdict::Passed } else { Verdict::Used };
+    }
     let unused_prefetch = fl & F_PREFETCHED != 0 && dev.prefetch_pays();
-    if unused_prefetch && ahead {
+    if unused_prefetch && place == Place::Ahead {
         return Verdict::Spared;
     }
     if (preferred || unused_prefetch) && fl & F_SPARED == 0 {
         Verdict::Spared
     } else {
         Verdict::Evict
+    }
+}
+
+/// The decisions on one block's pages, each list with room reserved for every page
+/// looked at before the accessed bits are read: nothing after the driver call can fail,
+/// so no bit it cleared is lost.
+struct Decisions {
+    /// Pages to evict (room for a block's pages).
+    evict: KVec<usize>,
+    /// Frames the device touched that stay: a second chance (marked referenced).
+    used: KVec<u32>,
+    /// Frames the device touched behind its stream: no second chance (not marked); those
+    /// of `Passed` pages leave, the others (past the caller's budget) stay unmarked.
+    unmarked: KVec<u32>,
+    /// Frames spared (marked referenced and spared).
+    spared: KVec<u32>,
+    /// `Passed` pages among `evict`.
+    passed: u64,
+}
+
+impl Decisions {
+    fn new() -> Result<Decisions> {
+        Ok(Decisions {
+            evict: KVec::with_capacity(migrate::BATCH_PAGES, GFP_KERNEL)?,
+            used: KVec::new(),
+            unmarked: KVec::new(),
+            spared: KVec::new(),
+            passed: 0,
+        })
+    }
+
+    /// Room for `n` more pages' verdicts.
+    fn reserve(&mut self, n: usize) -> Result {
+        self.used.reserve(n, GFP_KERNEL)?;
+        self.unmarked.reserve(n, GFP_KERNEL)?;
+        self.spared.reserve(n, GFP_KERNEL)?;
+        Ok(())
+    }
+
+    /// Records verdict `v` on page `i` (frame `frame`). A page `evict` has no room for
+    /// stays (it cannot happen: one block's pages at most); a touched one keeps its
+    /// second chance then.
+    fn keep(&mut self, v: Verdict, i: usize, frame: u32) {
+        let _ = match v {
+            Verdict::Used => self.used.push_within_capacity(frame).map_err(|_| ()),
+            Verdict::Spared => self.spared.push_within_capacity(frame).map_err(|_| ()),
+            Verdict::Evict => self.evict.push_within_capacity(i).map_err(|_| ()),
+            Verdict::Passed => match self.evict.push_within_capacity(i) {
+                Ok(()) => {
+                    self.passed += 1;
+                    self.unmarked.push_within_capacity(frame).map_err(|_| ())
+                }
+                Err(_) => self.used.push_within_capacity(frame).map_err(|_| ()),
+            },
+        };
+    }
+
+    /// Touched page `frame` past the caller's budget: it stays, with a second chance
+    /// unless its block is behind the stream (and it does not prefer this device, as for
+    /// [`verdict`]).
+    fn keep_touched(&mut self, place: Place, preferred: bool, frame: u32) {
+        let list = if place == Place::Behind && !preferred { &mut self.unmarked } else { &mut self.used };
+        let _ = list.push_within_capacity(frame);
+    }
+
+    /// Applies the frames' marks (one pool lock for the touched ones, one for the spared)
+    /// and counts the passed pages.
+    fn mark(&self, dev: &Device) {
+        dev.note_used(&self.used, &self.unmarked);
+        dev.set_flags_of(&self.spared, F_REF | F_SPARED);
+        DevStats::add(&dev.stats.evict_passed, self.passed);
     }
 }
 
@@ -277,7 +369,8 @@ pub(crate) struct Within<'a> {
 /// for the accessed bits (not one per page: the device's page-table lock is the one its
 /// compute takes for every access, and a profile of P4's 2x stream found the evictor
 /// spinning on it a fifth of its time). A page past what the caller needs had its
-/// accessed bit cleared too: if set, it is kept as the frame's referenced bit.
+/// accessed bit cleared too: if set, it is kept as the frame's referenced bit (behind the
+/// device's stream, only its pending prefetch settles as used).
 fn evict_victims(
     dev: &Device,
     seeds: &[(u32, &Owner)],
@@ -301,8 +394,12 @@ fn evict_victims(
     let (first, last) = (p.range().start, p.range().end);
     let va = region.va(first);
     // Read ahead of the device's stream and not used yet: pre-eviction leaves it alone.
-    let ahead =
-        keep_ahead && usize::try_from(va).is_ok_and(|v| dev.ahead_of_reader(region, block_base(v), dev.nr_frames / 2));
+    // Left behind by the device's stream: what it touched goes without a second chance.
+    let place = match usize::try_from(va).map(block_base) {
+        Ok(b) if keep_ahead && dev.ahead_of_reader(region, b, dev.nr_frames / 2) => Place::Ahead,
+        Ok(b) if dev.prefetch_pays() && dev.behind_reader(region, b) => Place::Behind,
+        _ => Place::Elsewhere,
+    };
     // The seeds that still hold their frame here, as owner or as a duplicate (a seed
     // per page at most).
     let mut picked: KVec<(usize, u32, bool)> = KVec::with_capacity(seeds.len(), GFP_KERNEL)?;
@@ -321,31 +418,27 @@ fn evict_victims(
         bits::set(&mut seen, i - first);
         picked.push((i, frame, owner), GFP_KERNEL)?;
     }
-    let mut idx: KVec<usize> = KVec::with_capacity(migrate::BATCH_PAGES, GFP_KERNEL)?;
-    // Frames to mark used, and spared, after the decisions (one pool lock each).
-    let (mut used, mut spared): (KVec<u32>, KVec<u32>) = (KVec::new(), KVec::new());
+    let mut dec = Decisions::new()?;
     let owned = |x: &&(usize, u32, bool)| x.2;
     let mut fls = KVec::new();
     fls.extend_with(picked.iter().filter(owned).count(), None, GFP_KERNEL)?;
     dev.flags_of(picked.iter().filter(owned).map(|x| x.1), None, &mut fls);
-    // Room for every outcome before the bits are read: nothing after the driver call can
-    // fail, so no bit it cleared is lost.
-    used.reserve(picked.len(), GFP_KERNEL)?;
-    spared.reserve(picked.len(), GFP_KERNEL)?;
+    dec.reserve(picked.len())?;
     let hit = touched(dev, ctx, va, picked.iter().filter(owned).map(|x| x.0 - first));
     let mut fl = fls.iter();
     for &(i, frame, owner) in picked.iter() {
         let v = if owner {
-            verdict(dev, &advice, i, fl.next().copied().flatten().unwrap_or(0), bits::test(&hit, i - first), ahead)
+            let f = fl.next().copied().flatten().unwrap_or(0);
+            verdict(dev, &advice, i, f, bits::test(&hit, i - first), place)
         } else {
             Verdict::Evict
         };
-        keep(v, i, frame, &mut idx, &mut used, &mut spared);
+        dec.keep(v, i, frame);
     }
     // The cold rest of the block goes along, while the caller still needs frames: pages
     // owned here, not pinned, evictable within `limit`, not referenced.
-    let room = budget.max(idx.len());
-    if !idx.is_empty() && idx.len() < room {
+    let room = budget.max(dec.evict.len());
+    if !dec.evict.is_empty() && dec.evict.len() < room {
         let mut rest: KVec<(usize, u32)> = KVec::with_capacity(last - first, GFP_KERNEL)?;
         for j in first..last {
             let sj = p.state(j);
@@ -356,41 +449,28 @@ fn evict_victims(
         fls.clear();
         fls.extend_with(rest.len(), None, GFP_KERNEL)?;
         dev.flags_of(rest.iter().map(|x| x.1), Some(limit), &mut fls);
-        used.reserve(rest.len(), GFP_KERNEL)?;
-        spared.reserve(rest.len(), GFP_KERNEL)?;
+        dec.reserve(rest.len())?;
         let cold = |k: usize| fls.get(k).copied().flatten().filter(|fl| fl & F_REF == 0);
         let hit = touched(dev, ctx, va, (0..rest.len()).filter(|&k| cold(k).is_some()).map(|k| rest[k].0 - first));
         for (k, &(j, fj)) in rest.iter().enumerate() {
             let Some(fl) = cold(k) else { continue };
             let t = bits::test(&hit, j - first);
-            let v = if idx.len() < room {
-                verdict(dev, &advice, j, fl, t, ahead)
+            if dec.evict.len() < room {
+                dec.keep(verdict(dev, &advice, j, fl, t, place), j, fj);
             } else if t {
-                Verdict::Used
-            } else {
-                continue;
-            };
-            keep(v, j, fj, &mut idx, &mut used, &mut spared);
+                let preferred = adv::preferred(advice.get(j as u64)) == Some(Target::Device(d));
+                dec.keep_touched(place, preferred, fj);
+            }
         }
     }
-    dev.note_used(&used);
-    dev.set_flags_of(&spared, F_REF | F_SPARED);
+    dec.mark(dev);
+    let mut idx = dec.evict;
     if idx.is_empty() {
         return Ok(0);
     }
     // In page order, as the executor wants.
     idx.sort_unstable();
     evict_pages(dev, region, &mut p, &idx, peer)
-}
-
-/// Records a verdict on page `i` (frame `frame`) in lists with room reserved for it (`idx`
-/// has room for a block's pages).
-fn keep(v: Verdict, i: usize, frame: u32, idx: &mut KVec<usize>, used: &mut KVec<u32>, spared: &mut KVec<u32>) {
-    let _ = match v {
-        Verdict::Used => used.push_within_capacity(frame).map_err(|_| ()),
-        Verdict::Spared => spared.push_within_capacity(frame).map_err(|_| ()),
-        Verdict::Evict => idx.push_within_capacity(i).map_err(|_| ()),
-    };
 }
 
 /// Frees at least `want` frames on `dev` if that many are evictable — `within` a dmem

@@ -222,6 +222,7 @@ fn start_chain(dev: &Arc<Device>, r: &Arc<Region>, block_va: usize, resume: bool
         return;
     }
     dev.stream_at.store(block_va, Relaxed);
+    dev.stream_asked_ns.store(crate::obj::sched::now_ns(), Relaxed);
     let same = dev.stream_of.swap(region_id(r), Relaxed) == region_id(r);
     // Pairs with the fence in `hand_on` (see there).
     fence(SeqCst);

@@ -35,4 +35,9 @@ pub(crate) fn teardown(region: &Arc<Region>) {
         }
     }
     region.space.remove_region(region);
+    // A device streaming through the region stops following it (`Device::behind_reader`).
+    // Device by device: `devices::all` allocates, and could come back empty.
+    for dev in (0..crate::obj::devices::MAX_DEVICES).filter_map(crate::obj::devices::get) {
+        dev.forget_stream(region);
+    }
 }

@@ -41,6 +41,12 @@ use kernel::{
 
 /// Frame flag kept by the core only: filled by prefetch, not yet known to be used.
 pub(crate) const F_PREFETCHED: u8 = 0x40;
+/// How long a device's stream stays live after its last fault that asked for read-ahead
+/// ([`Device::behind_reader`]): 50 ms, several blocks' compute under TCG (P4's device
+/// computes a 2 MiB block in about 7 ms). Shorter only costs the pages of a slow stream
+/// their early eviction.
+pub(crate) const STREAM_FRESH_NS: u64 = 50_000_000;
+
 /// Frame flag kept by the core only: spared once by eviction because its page prefers this
 /// device (PREFERRED_LOC) or was prefetched and not touched yet; cleared when the page
 /// faults or migrates again.
@@ -314,6 +320,9 @@ pub(crate) struct DevStats {
     pub(crate) evicted_clean: AtomicU64,
     /// Frames freed by the background worker; times a fault had to evict first.
     pub(crate) pre_evicted: AtomicU64,
+    /// Touched pages evicted without a second chance: the device's stream had gone past
+    /// their block (`evict.rs`, `Verdict::Passed`).
+    pub(crate) evict_passed: AtomicU64,
     pub(crate) fault_waits: AtomicU64,
     /// Times eviction found only frames in transit (of batches in flight) and its caller
     /// waited for them to commit (`evict::make_room_for`).
@@ -493,6 +502,9 @@ pub(crate) struct Device {
     /// dereferenced): the chain goes on only for the region it is reading ahead in, not for
     /// another process's region at nearby addresses.
     pub(crate) stream_of: core::sync::atomic::AtomicUsize,
+    /// When that fault asked (`sched::now_ns`): a stream whose device has not asked for
+    /// a while has ended, or moved on to other work ([`Device::behind_reader`]).
+    pub(crate) stream_asked_ns: AtomicU64,
     /// Round-robin cursor over the copy channels (`next_channel`).
     chan_rr: AtomicU32,
     /// How much of what the device prefetched it used lately (`policy::prefetch::Accuracy`,
@@ -586,6 +598,7 @@ impl Device {
                 ahead_to: core::sync::atomic::AtomicUsize::new(0),
                 stream_at: core::sync::atomic::AtomicUsize::new(0),
                 stream_of: core::sync::atomic::AtomicUsize::new(0),
+                stream_asked_ns: AtomicU64::new(0),
                 chan_rr: AtomicU32::new(0),
                 prefetch_accuracy: AtomicU32::new(Accuracy::ONE),
                 prefetch_settled_ns: AtomicU64::new(0),
@@ -1052,20 +1065,21 @@ impl Device {
         settled
     }
 
-    /// The device used the pages of `frames` (accessed bits seen): a second chance, and a
-    /// pending prefetch of one counts as used. One acquisition of the pool lock (none for
-    /// no frame).
-    pub(crate) fn note_used(&self, frames: &[u32]) {
-        if frames.is_empty() {
+    /// The device used the pages of `marked` and `unmarked` (accessed bits seen): a pending
+    /// prefetch of one counts as used, and those of `marked` get a second chance (marked
+    /// referenced). One acquisition of the pool lock (none for no frame).
+    pub(crate) fn note_used(&self, marked: &[u32], unmarked: &[u32]) {
+        if marked.is_empty() && unmarked.is_empty() {
             return;
         }
         let mut prefetched = 0;
         {
             let mut pool = self.pool();
-            for &frame in frames {
+            let frames = Iterator::chain(marked.iter().map(|&f| (f, F_REF)), unmarked.iter().map(|&f| (f, 0)));
+            for (frame, referenced) in frames {
                 if let Some(f) = pool.flags.get_mut(frame as usize) {
                     prefetched += u64::from(*f & F_PREFETCHED != 0);
-                    *f = (*f | F_REF) & !F_PREFETCHED;
+                    *f = (*f | referenced) & !F_PREFETCHED;
                 }
             }
         }
@@ -1145,6 +1159,29 @@ impl Device {
         self.stream_of.load(Ordering::Relaxed) == Self::stream_id(r)
             && (at..to).contains(&block_va)
             && pages as u64 <= max_frames
+    }
+
+    /// Whether the device's stream in `r` has gone past the block at `block_va`: a chain
+    /// reads ahead in `r`, the device's last fault that asked for read-ahead came less
+    /// than [`STREAM_FRESH_NS`] ago, and its block (`stream_at`) lies at least two blocks
+    /// further on (the block right behind the reader's may still be read, as a stencil's
+    /// halo is). A device streaming forward reaches such a block again, if at all, only
+    /// after every block in front of it. The fields are read one by one without a lock
+    /// (a fault may move them meanwhile, even to another region): the answer is a policy
+    /// hint, wrong at worst for one eviction batch.
+    pub(crate) fn behind_reader(&self, r: &Arc<Region>, block_va: usize) -> bool {
+        let (at, to) = (self.stream_at.load(Ordering::Relaxed), self.ahead_to.load(Ordering::Relaxed));
+        let age = crate::obj::sched::now_ns().saturating_sub(self.stream_asked_ns.load(Ordering::Relaxed));
+        self.stream_of.load(Ordering::Relaxed) == Self::stream_id(r)
+            && to > at
+            && age < STREAM_FRESH_NS
+            && block_va.checked_add(2 * BLOCK_BYTES).is_some_and(|e| e <= at)
+    }
+
+    /// `r` is being torn down: the stream the device follows is no longer in it. (A later
+    /// `Region` allocated at the same address must not inherit its reader.)
+    pub(crate) fn forget_stream(&self, r: &Arc<Region>) {
+        let _ = self.stream_of.compare_exchange(Self::stream_id(r), 0, Ordering::Relaxed, Ordering::Relaxed);
     }
 
     pub(crate) fn set_flags(&self, frame: u32, set: u8) {
