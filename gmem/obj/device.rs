@@ -27,7 +27,7 @@ use crate::policy::bits::{self, BlockBits};
 use crate::policy::evict::{self as order, Clock, F_CLEAN, F_LENT, F_PINNED, F_REF, F_USED};
 use crate::policy::frames::{FrameMap, CHUNK_FRAMES};
 use crate::policy::paths;
-use crate::policy::prefetch::Accuracy;
+use crate::policy::prefetch::{behind_stream, Accuracy};
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use kernel::{
     bindings,
@@ -320,8 +320,8 @@ pub(crate) struct DevStats {
     pub(crate) evicted_clean: AtomicU64,
     /// Frames freed by the background worker; times a fault had to evict first.
     pub(crate) pre_evicted: AtomicU64,
-    /// Touched pages evicted without a second chance: the device's stream had gone past
-    /// their block (`evict.rs`, `Verdict::Passed`).
+    /// Touched pages chosen for eviction without a second chance, counted when chosen:
+    /// the device's stream had gone past their block (`evict.rs`, `Verdict::Passed`).
     pub(crate) evict_passed: AtomicU64,
     pub(crate) fault_waits: AtomicU64,
     /// Times eviction found only frames in transit (of batches in flight) and its caller
@@ -1165,17 +1165,15 @@ impl Device {
     /// reads ahead in `r`, the device's last fault that asked for read-ahead came less
     /// than [`STREAM_FRESH_NS`] ago, and its block (`stream_at`) lies at least two blocks
     /// further on (the block right behind the reader's may still be read, as a stencil's
-    /// halo is). A device streaming forward reaches such a block again, if at all, only
-    /// after every block in front of it. The fields are read one by one without a lock
-    /// (a fault may move them meanwhile, even to another region): the answer is a policy
-    /// hint, wrong at worst for one eviction batch.
+    /// halo is): `policy::prefetch::behind_stream`. A device streaming forward reaches such
+    /// a block again, if at all, only after every block in front of it. The fields are
+    /// read one by one without a lock (a fault may move them meanwhile, even to another
+    /// region): the answer is a policy hint, wrong at worst for one eviction batch.
     pub(crate) fn behind_reader(&self, r: &Arc<Region>, block_va: usize) -> bool {
         let (at, to) = (self.stream_at.load(Ordering::Relaxed), self.ahead_to.load(Ordering::Relaxed));
         let age = crate::obj::sched::now_ns().saturating_sub(self.stream_asked_ns.load(Ordering::Relaxed));
         self.stream_of.load(Ordering::Relaxed) == Self::stream_id(r)
-            && to > at
-            && age < STREAM_FRESH_NS
-            && block_va.checked_add(2 * BLOCK_BYTES).is_some_and(|e| e <= at)
+            && behind_stream(block_va / BLOCK_BYTES, at / BLOCK_BYTES, to / BLOCK_BYTES, age, STREAM_FRESH_NS)
     }
 
     /// `r` is being torn down: the stream the device follows is no longer in it. (A later

@@ -159,6 +159,17 @@ pub fn chain_start(from: usize, at: usize, to: Option<usize>, depth: usize, max_
     within_depth(start, at, depth).then_some(start)
 }
 
+/// Whether a device's stream has gone past block `block` (blocks numbered by address /
+/// 2 MiB, as for [`chain_start`]): its reader's last fault that asked for read-ahead was
+/// at block `at`, `age_ns` ago, and its chain has queued blocks up to `to` (one past the
+/// last). Gone past: the block lies at least two blocks before the reader's (the block
+/// right behind it may still be read, as a stencil's halo is), the chain has run ahead of
+/// the reader, and the ask is younger than `fresh_ns` (a stream that stopped asking has
+/// ended or moved on). Never true of a block in the read-ahead window `[at, to)`.
+pub fn behind_stream(block: usize, at: usize, to: usize, age_ns: u64, fresh_ns: u64) -> bool {
+    to > at && age_ns < fresh_ns && block.checked_add(2).is_some_and(|e| e <= at)
+}
+
 /// Word range and in-word mask of the aligned subregion `[start, start + size)`, where
 /// `size` is a power of two in `2..=512` and `start < 512` a multiple of it.
 fn span(start: usize, size: usize) -> (core::ops::Range<usize>, u64) {
@@ -481,6 +492,39 @@ mod tests {
             let a = super::Accuracy(v).settle(used, wasted);
             proptest::prop_assert!(a.0 <= super::Accuracy::ONE);
         }
+
+        /// A block behind the stream is two or more blocks before the reader's, never in
+        /// the read-ahead window, and only while the stream is fresh and its chain ahead.
+        #[test]
+        fn behind_the_stream_is_never_near_or_ahead_of_the_reader(
+            block in 0usize..64, at in 0usize..64, to in 0usize..64, age in 0u64..200, fresh in 0u64..200
+        ) {
+            let behind = super::behind_stream(block, at, to, age, fresh);
+            if behind {
+                proptest::prop_assert!(block + 2 <= at && to > at && age < fresh);
+                proptest::prop_assert!(!(at..to).contains(&block));
+            } else {
+                proptest::prop_assert!(block + 2 > at || to <= at || age >= fresh);
+            }
+        }
+    }
+
+    #[test]
+    fn behind_the_stream_examples() {
+        // Reader at block 10, chain queued up to 12, asked 1 ms ago, fresh for 50 ms.
+        let (at, to, age, fresh) = (10, 12, 1_000_000, 50_000_000);
+        assert!(super::behind_stream(0, at, to, age, fresh));
+        assert!(super::behind_stream(8, at, to, age, fresh));
+        // The block right behind the reader's, the reader's own and those read ahead: no.
+        for b in 9..14 {
+            assert!(!super::behind_stream(b, at, to, age, fresh), "block {b}");
+        }
+        // A stale stream, or a chain that has not run ahead of the reader: nothing is behind.
+        assert!(!super::behind_stream(0, at, to, fresh, fresh));
+        assert!(!super::behind_stream(0, at, at, age, fresh));
+        // No block lies two before block 0 or 1; the largest block number does not wrap.
+        assert!(!super::behind_stream(0, 1, 5, age, fresh));
+        assert!(!super::behind_stream(usize::MAX, usize::MAX - 1, usize::MAX, age, fresh));
     }
 
     use super::*;
