@@ -250,10 +250,11 @@ enum Place {
 /// marking the pages the checksum had just read as referenced, while the device waited
 /// for its next block.)
 fn verdict(dev: &Device, advice: &AdviceMap<ADVICE_RUNS>, i: usize, fl: u8, touched: bool, place: Place) -> Verdict {
-    let preferred = adv::preferred(advice.get(i as u64)) == Some(Target::Device(dev.id as u8));
+    let preferred = || adv::preferred(advice.get(i as u64)) == Some(Target::Device(dev.id as u8));
     if touched {
-        return if place == Place::Behind && !preferred { Verdict::Passed } else { Verdict::Used };
+        return if place == Place::Behind && !preferred() { Verdict::Passed } else { Verdict::Used };
     }
+    let preferred = preferred();
     let unused_prefetch = fl & F_PREFETCHED != 0 && dev.prefetch_pays();
     if unused_prefetch && place == Place::Ahead {
         return Verdict::Spared;
@@ -319,11 +320,10 @@ impl Decisions {
         };
     }
 
-    /// Touched page `frame` past the caller's budget: it stays, with a second chance
-    /// unless its block is behind the stream (and it does not prefer this device, as for
-    /// [`verdict`]).
-    fn keep_touched(&mut self, place: Place, preferred: bool, frame: u32) {
-        let list = if place == Place::Behind && !preferred { &mut self.unmarked } else { &mut self.used };
+    /// Touched page `frame` past the caller's budget, with `v` its [`verdict`] (`Used` or
+    /// `Passed`): it stays, with a second chance only if `Used`.
+    fn keep_touched(&mut self, v: Verdict, frame: u32) {
+        let list = if v == Verdict::Passed { &mut self.unmarked } else { &mut self.used };
         let _ = list.push_within_capacity(frame);
     }
 
@@ -458,8 +458,7 @@ fn evict_victims(
             if dec.evict.len() < room {
                 dec.keep(verdict(dev, &advice, j, fl, t, place), j, fj);
             } else if t {
-                let preferred = adv::preferred(advice.get(j as u64)) == Some(Target::Device(d));
-                dec.keep_touched(place, preferred, fj);
+                dec.keep_touched(verdict(dev, &advice, j, fl, true, place), fj);
             }
         }
     }

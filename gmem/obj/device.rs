@@ -41,12 +41,6 @@ use kernel::{
 
 /// Frame flag kept by the core only: filled by prefetch, not yet known to be used.
 pub(crate) const F_PREFETCHED: u8 = 0x40;
-/// How long a device's stream stays live after its last fault that asked for read-ahead
-/// ([`Device::behind_reader`]): 50 ms, several blocks' compute under TCG (P4's device
-/// computes a 2 MiB block in about 7 ms). Shorter only costs the pages of a slow stream
-/// their early eviction.
-pub(crate) const STREAM_FRESH_NS: u64 = 50_000_000;
-
 /// Frame flag kept by the core only: spared once by eviction because its page prefers this
 /// device (PREFERRED_LOC) or was prefetched and not touched yet; cleared when the page
 /// faults or migrates again.
@@ -290,6 +284,12 @@ impl DeviceOps for CDriver {
         }
     }
 }
+
+/// How long a device's stream stays live after its last fault that asked for read-ahead
+/// ([`Device::behind_reader`]): 50 ms, several blocks' compute under TCG (P4's device
+/// computes a 2 MiB block in about 7 ms). Shorter only costs the pages of a slow stream
+/// their early eviction.
+pub(crate) const STREAM_FRESH_NS: u64 = 50_000_000;
 
 /// Per-device counters (debugfs `gmem/devices`).
 #[derive(Default)]
