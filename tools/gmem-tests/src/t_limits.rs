@@ -7,7 +7,7 @@
 use crate::harness::{kill_and_reap, open, parked_child, space_stat, Test, TestResult};
 use crate::t_overcommit::counter;
 use crate::{ensure, ok};
-use libgmem::sim::checksum;
+use libgmem::sim::{checksum, Sim};
 use libgmem::*;
 use std::time::{Duration, Instant};
 
@@ -191,6 +191,13 @@ fn touch(r: &Region<'_>) {
 /// which now skips untouched blocks whole and takes microseconds.)
 fn long_advice_stops_on_sigkill() -> TestResult {
     let (g, s) = open()?;
+    // Copies paced by the link model (500 MB/s each way), so that the PREFETCH's length
+    // does not hang on how fast this host copies: unmodelled, 512 MiB took 513-876 ms in
+    // CI's runs, and 480 ms once eviction batches could copy at once.
+    crate::t_link::with_link(&s, [500, 500, 0], 0, || long_advice_stops_on_sigkill_on(&g, &s))
+}
+
+fn long_advice_stops_on_sigkill_on(g: &Gmem, s: &Sim) -> TestResult {
     let cap = ok!(s.info()).nr_frames * 4096;
     let (mut len, mut full) = ((32u64 << 20).max(2 * cap), Duration::ZERO);
     while len <= 512 << 20 {
