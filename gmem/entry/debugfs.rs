@@ -89,12 +89,13 @@ fn show_device(d: &Device, f: &mut fmt::Formatter<'_>) -> fmt::Result {
     )?;
     writeln!(
         f,
-        "  faults: batches={} pages={} allocs={} waits_for_eviction={} waits_for_transit={}",
+        "  faults: batches={} pages={} allocs={} waits_for_eviction={} waits_for_transit={} waits_for_copies={}",
         g(&s.fault_batches),
         g(&s.faults),
         g(&s.fault_allocs),
         g(&s.fault_waits),
-        g(&s.transit_waits)
+        g(&s.transit_waits),
+        g(&s.copy_waits)
     )?;
     writeln!(
         f,
@@ -137,12 +138,13 @@ fn show_device(d: &Device, f: &mut fmt::Formatter<'_>) -> fmt::Result {
     )?;
     writeln!(
         f,
-        "  evicted: to_host={} to_peer={} clean_dropped={} pre_evicted={} passed={} writebacks={} evacuated={} lost={}",
+        "  evicted: to_host={} to_peer={} clean_dropped={} pre_evicted={} passed={} overlapped={} writebacks={} evacuated={} lost={}",
         g(&s.evicted_to_host),
         g(&s.evicted_to_peer),
         g(&s.evicted_clean),
         g(&s.pre_evicted),
         g(&s.evict_passed),
+        g(&s.evict_overlaps),
         g(&s.writebacks),
         g(&s.evacuated),
         g(&s.lost)

@@ -26,7 +26,12 @@
 //!   protects, `dmem.low` until nothing else is left.
 //!
 //! Lock order: `Device::evict_lock` -> a block's pages (`Block::pages`) -> `Space::ctxs` -> `Device::frames`.
-//! Eviction never runs with a block lock held by its caller.
+//! Eviction never runs with a block lock held by its caller. A pass gives `evict_lock` up
+//! while a batch of its victims copies (it keeps that block's lock) and takes it again
+//! for its next block, once the block lock is released: several batches of one device's
+//! victims may be in flight, as its copy channels allow, and the choosing stays one at a
+//! time. While batches copy, a block that is held is skipped (try-locked), never waited
+//! for under `evict_lock`.
 
 use crate::exec::dpriv;
 use crate::exec::migrate::Step;
@@ -43,7 +48,65 @@ use crate::policy::page_state::{dev_bit, transition, Actions, Copy, Event, Loc};
 use crate::policy::range::AdviceMap;
 use core::sync::atomic::Ordering::Relaxed;
 use kernel::mm::Mm;
-use kernel::{prelude::*, sync::Arc, workqueue::WorkItem};
+use kernel::{
+    prelude::*,
+    sync::{Arc, MutexGuard},
+    workqueue::WorkItem,
+};
+
+/// A pass's turn at choosing victims: its hold of `Device::evict_lock`, which it gives up
+/// while a batch of its victims copies (the lock counts the frames of such batches).
+struct Turn<'a> {
+    dev: &'a Device,
+    /// `None` while the batch copies.
+    guard: Option<MutexGuard<'a, u64>>,
+    /// Frames of that batch, counted under the lock.
+    copying: u64,
+}
+
+impl<'a> Turn<'a> {
+    fn take(dev: &'a Device) -> Turn<'a> {
+        Turn { dev, guard: Some(dev.evict_lock.lock()), copying: 0 }
+    }
+
+    /// Frames of the device's batches copying now (with the lock held; 0 otherwise).
+    fn copying(&self) -> u64 {
+        self.guard.as_deref().copied().unwrap_or(0)
+    }
+
+    /// Gives the lock up while a batch of `n` frames copies, counting them there.
+    fn give_up(&mut self, n: u64) {
+        if let Some(mut g) = self.guard.take() {
+            if *g > 0 {
+                DevStats::add(&self.dev.stats.evict_overlaps, 1);
+            }
+            *g = g.saturating_add(n);
+            self.copying = n;
+        }
+    }
+
+    /// Holds the lock again (if given up), and ends the batch's count: passes waiting for
+    /// frames (`pass`) are told. Before each use of what the lock protects.
+    fn retake(&mut self) -> &mut MutexGuard<'a, u64> {
+        let dev = self.dev;
+        let g = self.guard.get_or_insert_with(|| dev.evict_lock.lock());
+        if self.copying > 0 {
+            **g = g.saturating_sub(self.copying);
+            self.copying = 0;
+            dev.evict_done.notify_all();
+        }
+        g
+    }
+}
+
+impl Drop for Turn<'_> {
+    /// A batch's count ends with its pass, whatever way the pass left.
+    fn drop(&mut self) {
+        if self.copying > 0 {
+            self.retake();
+        }
+    }
+}
 
 /// Why frames are being freed (for the counters).
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -58,7 +121,8 @@ pub(crate) enum Why {
     Reclaim,
     /// A read-ahead worker makes room for the block it is about to read: `want` is how many
     /// frames it wants free, rechecked under the evictor lock (another read-ahead or the
-    /// background worker may have freed them meanwhile). Counted as pre-eviction; never takes frames that
+    /// background worker may have freed them meanwhile; frames of batches still copying
+    /// are not counted: they are other lanes'). Counted as pre-eviction; never takes frames that
     /// `dmem.low` protects, since this is a bet, not a need.
     Ahead,
 }
@@ -361,8 +425,11 @@ pub(crate) struct Within<'a> {
 
 /// Evicts the victims `seeds` (frames the hand chose, with the pages they hold, all in one
 /// 2 MiB block of one region) and the cold rest of their block (with `limit`, only frames
-/// charged within it) as one batch; returns frames freed, or `ENOMEM` (with the count so
-/// far lost to the caller's early stop) when the host is full.
+/// charged within it) as one batch; returns frames freed, `None` if the block is held
+/// (by a batch in flight, whose commit may free or keep these frames: the caller counts
+/// them in transit), or `ENOMEM` (with the count so far lost to the caller's early stop)
+/// when the host is full. Called with `turn` held; gives it up before the batch copies
+/// (the caller takes it back: [`Turn::retake`]).
 ///
 /// The block's pages are looked at in two rounds, the seeds then the rest of the block
 /// (also when every seed stays: see below), each with one acquisition of the pool lock for
@@ -378,14 +445,24 @@ fn evict_victims(
     budget: usize,
     limit: Option<&Limit>,
     keep_ahead: bool,
-) -> Result<usize> {
-    let Some((_, head)) = seeds.first() else { return Ok(0) };
+    turn: &mut Turn<'_>,
+) -> Result<Option<usize>> {
+    let Some((_, head)) = seeds.first() else { return Ok(Some(0)) };
     let region = &head.region;
     // A page that holds a frame has a block.
-    let Some(blk) = region.block_if_any(head.page as usize) else { return Ok(0) };
-    let mut p = region.lock(&blk);
+    let Some(blk) = region.block_if_any(head.page as usize) else { return Ok(Some(0)) };
+    // While batches copy, a held block is not waited for under `evict_lock`: the hand
+    // meets the frames of a block another pass is evicting right after the victims it
+    // took there. With none copying, its holder is a fault's or a read-ahead's batch,
+    // which commits within milliseconds: waited for, as it always was.
+    let mut p = if turn.copying() > 0 {
+        let Some(p) = region.try_lock(&blk) else { return Ok(None) };
+        p
+    } else {
+        region.lock(&blk)
+    };
     if region.is_dead() {
-        return Ok(0);
+        return Ok(Some(0));
     }
     let advice = *region.advice.lock();
     let d = dev.id as u8;
@@ -470,19 +547,30 @@ fn evict_victims(
     dec.mark(dev);
     let mut idx = dec.evict;
     if idx.is_empty() {
-        return Ok(0);
+        return Ok(Some(0));
     }
     // In page order, as the executor wants.
     idx.sort_unstable();
-    evict_pages(dev, region, &mut p, &idx, peer)
+    // The choosing is done; the copies run without `evict_lock`, so that the next pass
+    // (a read-ahead's, a fault's) chooses while these are on the link. The block lock
+    // held keeps these pages to this batch.
+    turn.give_up(idx.len() as u64);
+    evict_pages(dev, region, &mut p, &idx, peer).map(Some)
 }
 
 /// Frees at least `want` frames on `dev` if that many are evictable — `within` a dmem
 /// cgroup pool, frames charged within it only; returns frames freed (0: nothing evictable,
-/// or host memory exhausted), or `want` when someone else made the room meanwhile. Must be
+/// host memory exhausted, or every victim's block held by a batch in flight while
+/// eviction batches copied), or `want` when someone else made the room meanwhile. Must be
 /// called with no block lock held.
 pub(crate) fn make_room(dev: &Arc<Device>, want: usize, why: Why, within: Option<Within<'_>>) -> usize {
-    pass(dev, want, why, within).freed
+    let done = pass(dev, want, why, within);
+    // A need whose victims all lay in blocks held while eviction batches copied tries
+    // once more when one has ended (the cgroup controller would take 0 for "nothing left").
+    if done.freed == 0 && done.in_transit && matches!(why, Why::Reclaim | Why::Advice) && wait_for_copies(dev) {
+        return pass(dev, want, why, within).freed;
+    }
+    done.freed
 }
 
 /// What one eviction pass did.
@@ -491,18 +579,19 @@ struct Pass {
     freed: usize,
     /// Whether the hand met frames in transit: held, without an owner yet, by a batch in
     /// flight (a read-ahead worker's, another fault's), which become evictable when it
-    /// commits.
+    /// commits; or in a block a batch in flight held while eviction batches copied (another
+    /// pass's eviction, a fault's): a later pass looks at them when the hand comes round.
     in_transit: bool,
 }
 
 /// [`make_room`], telling also whether frames in transit were met.
 fn pass(dev: &Arc<Device>, want: usize, why: Why, within: Option<Within<'_>>) -> Pass {
-    let _one = dev.evict_lock.lock();
+    let mut turn = Turn::take(dev);
     dev.drain_released();
     let limit = within.map(|w| w.limit);
     // Another evictor may have made room while we waited for the lock: free frames, or for
     // a cgroup at its limit, room under its limit.
-    let room = match within {
+    let mut room = match within {
         None => dev.frames_free() as usize >= want,
         Some(Within { mm: Some(mm), .. }) => dev.dmem.has_room(mm),
         Some(_) => false,
@@ -514,7 +603,31 @@ fn pass(dev: &Arc<Device>, want: usize, why: Why, within: Option<Within<'_>>) ->
     if why == Why::Ahead && want == 0 {
         return Pass { freed: 0, in_transit: false };
     }
-    if !matches!(why, Why::Background | Why::Ahead) && room {
+    let need = !matches!(why, Why::Background | Why::Ahead);
+    // A need that the batches copying now (other passes', without the lock) will meet
+    // waits for them instead of evicting more: for frames, not for a pass of its own,
+    // whose batch would share the link with theirs. At most `COPY_WAITS` batch ends
+    // (read-ahead may take the frames and start new batches meanwhile). The wait is not
+    // interruptible (a pending signal would turn the caller's retries into a spin) and
+    // lasts one batch's copies; a task being killed then evicts nothing (its caller
+    // returns `EINTR`).
+    for _ in 0..COPY_WAITS {
+        if !need || within.is_some() || room {
+            break;
+        }
+        let g = turn.retake();
+        let copying = **g;
+        if copying == 0 || dev.frames_free().saturating_add(copying) < want as u64 {
+            break;
+        }
+        dev.evict_done.wait(g);
+        DevStats::add(&dev.stats.copy_waits, 1);
+        if sched::fatal_signal_pending() {
+            return Pass { freed: 0, in_transit: true };
+        }
+        room = dev.frames_free() as usize >= want;
+    }
+    if need && room {
         return Pass { freed: want, in_transit: false };
     }
     if why == Why::Fault {
@@ -577,13 +690,19 @@ fn pass(dev: &Arc<Device>, want: usize, why: Why, within: Option<Within<'_>>) ->
             // use; a fault, advice or a cgroup's reclaim, which need the room, may (once
             // spared, as any unused prefetch).
             let keep_ahead = matches!(why, Why::Background | Why::Ahead) && limit.is_none();
-            match evict_victims(dev, seeds, &peer, budget, limit, keep_ahead) {
-                Ok(n) => freed += n,
+            turn.retake();
+            let done = evict_victims(dev, seeds, &peer, budget, limit, keep_ahead, &mut turn);
+            turn.retake();
+            match done {
+                Ok(Some(n)) => freed += n,
+                Ok(None) => in_transit = true,
                 // Host memory is exhausted: every further victim would fail the same way.
                 Err(_) => break 'rounds,
             }
         }
         if !sysmem.is_empty() {
+            // The pagemap is used under `evict_lock` (its teardown takes it).
+            turn.retake();
             freed += dpriv::evict(dev, &sysmem, false);
         }
     }
@@ -598,9 +717,11 @@ fn pass(dev: &Arc<Device>, want: usize, why: Why, within: Option<Within<'_>>) ->
 /// caller can retry. A pass that freed fewer than `want`, or none because others made
 /// room meanwhile, still lets the caller retry. If the hand met only frames in transit
 /// (held by a batch in flight, without an owner yet: they become evictable once that
-/// batch commits), it waits for them and returns `true` (no progress: the caller does not
-/// count the round), at most [`TRANSIT_WAITS`] times in all, counted in `waits` (the
-/// caller's: per device fault, or per block of advice). `ENOMEM` if nothing is evictable
+/// batch commits; or in blocks held while eviction batches copied), it waits for them
+/// and returns `true` (no progress: the caller does not count the round): for an
+/// eviction batch to end while any copies (uncounted), else for 1 ms, at most
+/// [`TRANSIT_WAITS`] times in all, counted in `waits` (the caller's: per device fault, or
+/// per block of advice). `ENOMEM` if nothing is evictable
 /// (all pinned, or the host is out of memory; for a cgroup, none of its frames), or the
 /// waits are used up; `EINTR`, before anything else, if the current task is being killed
 /// (a worker, which takes no signals, must check its own reason to stop). The caller must
@@ -629,7 +750,16 @@ pub(crate) fn make_room_for(
     if room {
         return Ok(false);
     }
-    if !done.in_transit || *waits >= TRANSIT_WAITS {
+    if !done.in_transit {
+        return Err(ENOMEM);
+    }
+    // Frames in blocks that eviction batches hold while they copy are free when those
+    // end (at a slow link, a batch takes hundreds of milliseconds): waited for, as the
+    // batch's pass was when it copied under `evict_lock`, and not counted in `waits`.
+    if wait_for_copies(&full) {
+        return Ok(true);
+    }
+    if *waits >= TRANSIT_WAITS {
         return Err(ENOMEM);
     }
     *waits += 1;
@@ -638,6 +768,22 @@ pub(crate) fn make_room_for(
     kernel::time::delay::fsleep(kernel::time::Delta::from_millis(1));
     Ok(true)
 }
+
+/// Waits for one of `dev`'s eviction batches copying to end, if any is (counted in
+/// `copy_waits`); whether it waited.
+fn wait_for_copies(dev: &Device) -> bool {
+    let mut g = dev.evict_lock.lock();
+    if *g == 0 {
+        return false;
+    }
+    dev.evict_done.wait(&mut g);
+    DevStats::add(&dev.stats.copy_waits, 1);
+    true
+}
+
+/// How many ends of eviction batches copying one pass of a fault or advice waits for
+/// before it evicts itself.
+const COPY_WAITS: usize = 8;
 
 /// How many times one operation (a device fault, or one block of advice) waits in
 /// [`make_room_for`] for frames in transit before it gives up with `ENOMEM` (a batch

@@ -33,9 +33,9 @@ use kernel::{
     bindings,
     error::{to_result, VTABLE_DEFAULT_ERROR},
     ffi::c_void,
-    new_mutex, new_srcu,
+    new_condvar, new_mutex, new_srcu,
     prelude::*,
-    sync::{srcu, Arc, Mutex, SetOnce, Srcu},
+    sync::{srcu, Arc, CondVar, Mutex, SetOnce, Srcu},
     workqueue::{impl_has_work, new_work, Work},
 };
 
@@ -324,6 +324,11 @@ pub(crate) struct DevStats {
     /// the device's stream had gone past their block (`evict.rs`, `Verdict::Passed`).
     pub(crate) evict_passed: AtomicU64,
     pub(crate) fault_waits: AtomicU64,
+    /// Times a fault or advice that found the device full waited for eviction batches
+    /// copying at the time (other passes') instead of evicting more (`evict.rs`, `pass`).
+    pub(crate) copy_waits: AtomicU64,
+    /// Eviction batches that began copying while another of the device's was copying.
+    pub(crate) evict_overlaps: AtomicU64,
     /// Times eviction found only frames in transit (of batches in flight) and its caller
     /// waited for them to commit (`evict::make_room_for`).
     pub(crate) transit_waits: AtomicU64,
@@ -529,9 +534,14 @@ pub(crate) struct Device {
     /// `FramePool::used` as of the last release of the pool lock: a lock-free, possibly
     /// stale view for estimates ([`Device::frames_free_hint`]).
     used_hint: AtomicU64,
-    /// One evictor at a time per device (taken with no block lock held).
+    /// One evictor at a time per device chooses victims (taken with no block lock held);
+    /// it holds the number of frames in eviction batches copying without it (a pass gives
+    /// the lock up while its batch copies: mech/evict.rs).
     #[pin]
-    pub(crate) evict_lock: Mutex<()>,
+    pub(crate) evict_lock: Mutex<u64>,
+    /// Notified, under `evict_lock`, when an eviction batch that copied without it is over.
+    #[pin]
+    pub(crate) evict_done: CondVar,
     low: AtomicU64,
     high: AtomicU64,
     /// The device's region of the dmem cgroup controller.
@@ -622,7 +632,8 @@ impl Device {
                     "gmem_device_frames"
                 ),
                 used_hint: AtomicU64::new(0),
-                evict_lock <- new_mutex!((), "gmem_device_evict"),
+                evict_lock <- new_mutex!(0, "gmem_device_evict"),
+                evict_done <- new_condvar!("gmem_device_evict_done"),
                 low: AtomicU64::new(low),
                 high: AtomicU64::new(high),
                 dmem: region,

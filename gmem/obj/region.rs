@@ -420,6 +420,14 @@ impl Region {
         b.pages.lock()
     }
 
+    /// [`Region::lock`] if the block is free now: `None` if someone holds it (a batch in
+    /// flight: a fault's, a read-ahead's, another eviction's).
+    pub(crate) fn try_lock<'a>(&self, b: &'a Block) -> Option<kernel::sync::MutexGuard<'a, Pages>> {
+        let p = b.pages.try_lock()?;
+        Space::count(&self.space.stats.block_locks);
+        Some(p)
+    }
+
     /// The block of page `i`, created on first use (`ENOMEM` if it cannot be; `EFAULT`
     /// past the end).
     pub(crate) fn block(&self, i: usize) -> Result<Arc<Block>> {

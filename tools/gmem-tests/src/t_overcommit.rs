@@ -458,6 +458,36 @@ fn stream_leaves_no_second_chance_behind() -> TestResult {
     Ok(())
 }
 
+/// Eviction batches of one device copy at once: a pass gives `evict_lock` up while its
+/// batch is on the link, so the next pass (a read-ahead lane's, the background worker's,
+/// a fault's) chooses its victims meanwhile; a fault that finds the device full while
+/// batches copy waits for their frames instead of evicting more. With the link model on
+/// (a 2 MiB block takes about 21 ms each way) and no peer tier, a device write then read
+/// over twice the device must see both (`evicted.overlapped`: 18-27 in three runs, 13-21
+/// on the debug kernel; `faults.waits_for_copies`: 8-12, and 5-7), and the data read back
+/// is right. (At 200 MB/s the debug kernel saw a single wait; with `preevict=0`, read-ahead
+/// makes no room and nothing overlaps.)
+fn eviction_batches_copy_at_once() -> TestResult {
+    let (g, s) = open()?;
+    let cap = capacity(&s)?;
+    control("peer=0")?;
+    let res = crate::t_link::with_link(&s, [100, 100, 0], 0, || {
+        let r = ok!(g.alloc(cap * 2));
+        let (o0, w0) = (counter(0, "evicted.overlapped")?, counter(0, "faults.waits_for_copies")?);
+        ok!(s.fill(r.addr, r.len as u64, 49));
+        ensure!(ok!(s.checksum(r.addr, r.len as u64)).result == checksum(&fill_words(r.len, 49)), "device read wrong");
+        let (o, w) = (counter(0, "evicted.overlapped")? - o0, counter(0, "faults.waits_for_copies")? - w0);
+        println!(
+            "GMEM-INFO eviction_batches_copy_at_once: {o} batches began while another copied, {w} waits for copies"
+        );
+        ensure!(o > 0, "no eviction batch began while another was copying");
+        ensure!(w > 0, "no fault or advice waited for batches copying");
+        Ok(())
+    });
+    control("peer=1")?;
+    res
+}
+
 fn fragmented_pool_still_allocates() -> TestResult {
     let (g, s) = open()?;
     let cap = capacity(&s)?;
@@ -721,6 +751,7 @@ pub fn tests() -> Vec<Test> {
         Test { name: "read_ahead_is_not_evicted_before_use", f: read_ahead_is_not_evicted_before_use },
         Test { name: "stream_is_pre_evicted_ahead_of_the_device", f: stream_is_pre_evicted_ahead_of_the_device },
         Test { name: "stream_leaves_no_second_chance_behind", f: stream_leaves_no_second_chance_behind },
+        Test { name: "eviction_batches_copy_at_once", f: eviction_batches_copy_at_once },
         Test { name: "fragmented_pool_still_allocates", f: fragmented_pool_still_allocates },
         Test { name: "eviction_races_free_munmap_and_exit", f: eviction_races_free_munmap_and_exit },
         Test { name: "host_oom_during_eviction_fails_cleanly", f: host_oom_during_eviction_fails_cleanly },
