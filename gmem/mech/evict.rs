@@ -85,8 +85,8 @@ impl<'a> Turn<'a> {
         }
     }
 
-    /// Holds the lock again (if given up), and ends the batch's count: passes waiting for
-    /// frames (`pass`) are told. Before each use of what the lock protects.
+    /// Holds the lock again (if given up), and ends the batch's count: whoever waits for
+    /// frames (`pass`, `wait_for_copies`) is told. Before each use of what the lock protects.
     fn retake(&mut self) -> &mut MutexGuard<'a, u64> {
         let dev = self.dev;
         let g = self.guard.get_or_insert_with(|| dev.evict_lock.lock());
@@ -122,8 +122,8 @@ pub(crate) enum Why {
     /// A read-ahead worker makes room for the block it is about to read: `want` is how many
     /// frames it wants free, rechecked under the evictor lock (another read-ahead or the
     /// background worker may have freed them meanwhile; frames of batches still copying
-    /// are not counted: they are other lanes'). Counted as pre-eviction; never takes frames that
-    /// `dmem.low` protects, since this is a bet, not a need.
+    /// are not counted: they are other lanes'). Counted as pre-eviction; never takes
+    /// frames that `dmem.low` protects, since this is a bet, not a need.
     Ahead,
 }
 
@@ -432,10 +432,10 @@ pub(crate) struct Within<'a> {
 /// (the caller takes it back: [`Turn::retake`]).
 ///
 /// The block's pages are looked at in two rounds, the seeds then the rest of the block
-/// (also when every seed stays: see below), each with one acquisition of the pool lock for
-/// the frames' flags and one driver call for the accessed bits (not one per page: the device's page-table lock is the one its
-/// compute takes for every access, and a profile of P4's 2x stream found the evictor
-/// spinning on it a fifth of its time). A page past what the caller needs had its
+/// (also when every seed stays: see below), each with one acquisition of the pool lock
+/// for the frames' flags and one driver call for the accessed bits (not one per page: the
+/// device's page-table lock is the one its compute takes for every access, and a profile
+/// of P4's 2x stream found the evictor spinning on it a fifth of its time). A page past what the caller needs had its
 /// accessed bit cleared too: if set, it is kept as the frame's referenced bit (behind the
 /// device's stream, only its pending prefetch settles as used).
 fn evict_victims(
@@ -560,14 +560,20 @@ fn evict_victims(
 
 /// Frees at least `want` frames on `dev` if that many are evictable — `within` a dmem
 /// cgroup pool, frames charged within it only; returns frames freed (0: nothing evictable,
-/// host memory exhausted, or every victim's block held by a batch in flight while
-/// eviction batches copied), or `want` when someone else made the room meanwhile. Must be
-/// called with no block lock held.
+/// host memory exhausted, every victim's block held by a batch in flight while eviction
+/// batches copied, or the task is being killed), or `want` when someone else made the
+/// room meanwhile. Must be called with no block lock held.
 pub(crate) fn make_room(dev: &Arc<Device>, want: usize, why: Why, within: Option<Within<'_>>) -> usize {
     let done = pass(dev, want, why, within);
     // A need whose victims all lay in blocks held while eviction batches copied tries
-    // once more when one has ended (the cgroup controller would take 0 for "nothing left").
-    if done.freed == 0 && done.in_transit && matches!(why, Why::Reclaim | Why::Advice) && wait_for_copies(dev) {
+    // once more when one has ended (the cgroup controller would take 0 for "nothing
+    // left"); not for a task being killed.
+    if done.freed == 0
+        && done.in_transit
+        && matches!(why, Why::Reclaim | Why::Advice)
+        && !sched::fatal_signal_pending()
+        && wait_for_copies(dev)
+    {
         return pass(dev, want, why, within).freed;
     }
     done.freed
@@ -581,6 +587,7 @@ struct Pass {
     /// flight (a read-ahead worker's, another fault's), which become evictable when it
     /// commits; or in a block a batch in flight held while eviction batches copied (another
     /// pass's eviction, a fault's): a later pass looks at them when the hand comes round.
+    /// Also set, with nothing freed, when a task being killed stopped before evicting.
     in_transit: bool,
 }
 
@@ -719,11 +726,10 @@ fn pass(dev: &Arc<Device>, want: usize, why: Why, within: Option<Within<'_>>) ->
 /// (held by a batch in flight, without an owner yet: they become evictable once that
 /// batch commits; or in blocks held while eviction batches copied), it waits for them
 /// and returns `true` (no progress: the caller does not count the round): for an
-/// eviction batch to end while any copies (uncounted), else for 1 ms, at most
-/// [`TRANSIT_WAITS`] times in all, counted in `waits` (the caller's: per device fault, or
-/// per block of advice). `ENOMEM` if nothing is evictable
-/// (all pinned, or the host is out of memory; for a cgroup, none of its frames), or the
-/// waits are used up; `EINTR`, before anything else, if the current task is being killed
+/// eviction batch to end while any copies, else for 1 ms, at most [`TRANSIT_WAITS`] times
+/// in all, counted in `waits` (the caller's: per device fault, or per block of advice).
+/// `ENOMEM` if nothing is evictable (all pinned, or the host is out of memory; for a
+/// cgroup, none of its frames), or the waits are used up; `EINTR`, before anything else, if the current task is being killed
 /// (a worker, which takes no signals, must check its own reason to stop). The caller must
 /// have dropped its block lock.
 pub(crate) fn make_room_for(
@@ -750,19 +756,20 @@ pub(crate) fn make_room_for(
     if room {
         return Ok(false);
     }
-    if !done.in_transit {
-        return Err(ENOMEM);
+    // The pass may have stopped for a kill: a killed task neither waits nor evicts.
+    if sched::fatal_signal_pending() {
+        return Err(EINTR);
     }
-    // Frames in blocks that eviction batches hold while they copy are free when those
-    // end (at a slow link, a batch takes hundreds of milliseconds): waited for, as the
-    // batch's pass was when it copied under `evict_lock`, and not counted in `waits`.
-    if wait_for_copies(&full) {
-        return Ok(true);
-    }
-    if *waits >= TRANSIT_WAITS {
+    if !done.in_transit || *waits >= TRANSIT_WAITS {
         return Err(ENOMEM);
     }
     *waits += 1;
+    // Frames in blocks that eviction batches hold while they copy are free when those
+    // end (at a slow link, a batch takes hundreds of milliseconds): waited for, as the
+    // batch's pass was when it copied under `evict_lock`.
+    if wait_for_copies(&full) {
+        return Ok(true);
+    }
     DevStats::add(&full.stats.transit_waits, 1);
     // A batch commits within about a millisecond of copying.
     kernel::time::delay::fsleep(kernel::time::Delta::from_millis(1));
@@ -787,7 +794,8 @@ const COPY_WAITS: usize = 8;
 
 /// How many times one operation (a device fault, or one block of advice) waits in
 /// [`make_room_for`] for frames in transit before it gives up with `ENOMEM` (a batch
-/// commits within milliseconds; a fifth of a second is far beyond).
+/// commits within milliseconds; a fifth of a second is far beyond. While eviction batches
+/// copy, each wait lasts until one of them ends).
 const TRANSIT_WAITS: u32 = 200;
 
 /// Writes parked victims back to host, so that the lender can later drop them instantly;

@@ -324,8 +324,9 @@ pub(crate) struct DevStats {
     /// the device's stream had gone past their block (`evict.rs`, `Verdict::Passed`).
     pub(crate) evict_passed: AtomicU64,
     pub(crate) fault_waits: AtomicU64,
-    /// Times a fault or advice that found the device full waited for eviction batches
-    /// copying at the time (other passes') instead of evicting more (`evict.rs`, `pass`).
+    /// Times a fault, advice or cgroup reclaim waited for one of the eviction batches
+    /// copying at the time (other passes') to end, instead of evicting more or polling for
+    /// frames in transit (`evict.rs`: `pass`, `wait_for_copies`).
     pub(crate) copy_waits: AtomicU64,
     /// Eviction batches that began copying while another of the device's was copying.
     pub(crate) evict_overlaps: AtomicU64,

@@ -476,7 +476,8 @@ fn eviction_batches_copy_at_once() -> TestResult {
         let (o0, w0) = (counter(0, "evicted.overlapped")?, counter(0, "faults.waits_for_copies")?);
         ok!(s.fill(r.addr, r.len as u64, 49));
         ensure!(ok!(s.checksum(r.addr, r.len as u64)).result == checksum(&fill_words(r.len, 49)), "device read wrong");
-        let (o, w) = (counter(0, "evicted.overlapped")? - o0, counter(0, "faults.waits_for_copies")? - w0);
+        let o = counter(0, "evicted.overlapped")?.saturating_sub(o0);
+        let w = counter(0, "faults.waits_for_copies")?.saturating_sub(w0);
         println!(
             "GMEM-INFO eviction_batches_copy_at_once: {o} batches began while another copied, {w} waits for copies"
         );
