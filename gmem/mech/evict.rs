@@ -61,12 +61,12 @@ struct Turn<'a> {
     /// `None` while the batch copies.
     guard: Option<MutexGuard<'a, u64>>,
     /// Frames of that batch, counted under the lock.
-    copying: u64,
+    batch: u64,
 }
 
 impl<'a> Turn<'a> {
     fn take(dev: &'a Device) -> Turn<'a> {
-        Turn { dev, guard: Some(dev.evict_lock.lock()), copying: 0 }
+        Turn { dev, guard: Some(dev.evict_lock.lock()), batch: 0 }
     }
 
     /// Frames of the device's batches copying now (with the lock held; 0 otherwise).
@@ -81,7 +81,7 @@ impl<'a> Turn<'a> {
                 DevStats::add(&self.dev.stats.evict_overlaps, 1);
             }
             *g = g.saturating_add(n);
-            self.copying = n;
+            self.batch = n;
         }
     }
 
@@ -90,9 +90,9 @@ impl<'a> Turn<'a> {
     fn retake(&mut self) -> &mut MutexGuard<'a, u64> {
         let dev = self.dev;
         let g = self.guard.get_or_insert_with(|| dev.evict_lock.lock());
-        if self.copying > 0 {
-            **g = g.saturating_sub(self.copying);
-            self.copying = 0;
+        if self.batch > 0 {
+            **g = g.saturating_sub(self.batch);
+            self.batch = 0;
             dev.evict_done.notify_all();
         }
         g
@@ -102,7 +102,7 @@ impl<'a> Turn<'a> {
 impl Drop for Turn<'_> {
     /// A batch's count ends with its pass, whatever way the pass left.
     fn drop(&mut self) {
-        if self.copying > 0 {
+        if self.batch > 0 {
             self.retake();
         }
     }
@@ -435,9 +435,10 @@ pub(crate) struct Within<'a> {
 /// (also when every seed stays: see below), each with one acquisition of the pool lock
 /// for the frames' flags and one driver call for the accessed bits (not one per page: the
 /// device's page-table lock is the one its compute takes for every access, and a profile
-/// of P4's 2x stream found the evictor spinning on it a fifth of its time). A page past what the caller needs had its
-/// accessed bit cleared too: if set, it is kept as the frame's referenced bit (behind the
-/// device's stream, only its pending prefetch settles as used).
+/// of P4's 2x stream found the evictor spinning on it a fifth of its time). A page past
+/// what the caller needs had its accessed bit cleared too: if set, it is kept as the
+/// frame's referenced bit (behind the device's stream, only its pending prefetch settles
+/// as used).
 fn evict_victims(
     dev: &Device,
     seeds: &[(u32, &Owner)],
@@ -697,7 +698,7 @@ fn pass(dev: &Arc<Device>, want: usize, why: Why, within: Option<Within<'_>>) ->
             // use; a fault, advice or a cgroup's reclaim, which need the room, may (once
             // spared, as any unused prefetch).
             let keep_ahead = matches!(why, Why::Background | Why::Ahead) && limit.is_none();
-            turn.retake();
+            // `turn` is held here: taken at the start, and back after every block.
             let done = evict_victims(dev, seeds, &peer, budget, limit, keep_ahead, &mut turn);
             turn.retake();
             match done {
@@ -708,8 +709,8 @@ fn pass(dev: &Arc<Device>, want: usize, why: Why, within: Option<Within<'_>>) ->
             }
         }
         if !sysmem.is_empty() {
-            // The pagemap is used under `evict_lock` (its teardown takes it).
-            turn.retake();
+            // The pagemap is used under `evict_lock` (its teardown takes it): `turn` is
+            // held here, as above.
             freed += dpriv::evict(dev, &sysmem, false);
         }
     }

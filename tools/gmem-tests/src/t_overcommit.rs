@@ -443,7 +443,7 @@ fn stream_leaves_no_second_chance_behind() -> TestResult {
                 ok!(s.checksum(r.addr, r.len as u64)).result == checksum(&fill_words(r.len, 47)),
                 "device read wrong"
             );
-            passed[k] = counter(0, "evicted.passed")? - p0;
+            passed[k] = counter(0, "evicted.passed")?.saturating_sub(p0);
             Ok(())
         })();
         control("readahead=1")?;
