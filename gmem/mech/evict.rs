@@ -134,8 +134,11 @@ fn peer_for(dev: &Device) -> Option<Arc<Device>> {
     }
     devices::all()
         .into_iter()
-        .filter(|p| p.id != dev.id && p.alive() && p.same_driver(dev) && p.frames_free() > p.high() + 1)
-        .max_by_key(|p| p.frames_free())
+        .filter(|p| p.id != dev.id && p.alive() && p.same_driver(dev))
+        .map(|p| (p.park_room(), p))
+        .filter(|(room, _)| *room > 0)
+        .max_by_key(|(room, _)| *room)
+        .map(|(_, p)| p)
 }
 
 /// The eviction step of page `i` of `region`, held on `dev`: a read-only duplicate is
@@ -206,11 +209,12 @@ fn evict_pages(
     idx: &[usize],
     peer: &Option<Arc<Device>>,
 ) -> Result<usize> {
-    // The lender's reserve is respected for the whole batch: its own allocations win.
-    let mut peer_room = match peer {
-        Some(peer) if peer.alive() => peer.frames_free().saturating_sub(peer.high() + 1),
-        _ => 0,
-    };
+    // The lender's reserve is respected for the whole batch: its own allocations win. The
+    // room is promised to this batch until its frames there are allocated, so that other
+    // batches planning meanwhile (this device's, whose batches copy side by side, or other
+    // devices') do not count the same frames; what the plan does not park is given back.
+    let mut promise = peer.as_ref().filter(|p| p.alive()).map(|p| p.promise_parking(idx.len() as u64));
+    let mut peer_room = promise.as_ref().map_or(0, |p| p.n());
     // Devices whose duplicates may take pages back without a copy: live, of the same
     // driver. A device that dies after this look loses its duplicates under the block
     // lock held here, so a promotion never targets one it has already dropped.
@@ -225,6 +229,10 @@ fn evict_pages(
         if let Some(st) = evict_step(dev, p, i, peer, &mut peer_room, holders) {
             steps.push(st, GFP_KERNEL)?;
         }
+    }
+    if let Some(pr) = promise.as_mut() {
+        // `evict_step` took one of `n` for each page it parks.
+        pr.keep(pr.n().saturating_sub(peer_room));
     }
     let env = Env::background(region);
     let (mut freed, mut from, mut parked, mut host_full) = (0, 0, false, false);
@@ -255,6 +263,8 @@ fn evict_pages(
             _ => break,
         }
     }
+    // The parked pages' frames are allocated (or the steps went home).
+    drop(promise);
     if tally != [0; 3] {
         trace::evict(dev.id, tally[0], tally[1], tally[2]);
     }

@@ -545,6 +545,9 @@ pub(crate) struct Device {
     pub(crate) evict_done: CondVar,
     low: AtomicU64,
     high: AtomicU64,
+    /// Frames promised to peers' eviction batches for parking here and not yet allocated
+    /// by them ([`Device::promise_parking`]).
+    promised: AtomicU64,
     /// The device's region of the dmem cgroup controller.
     pub(crate) dmem: dmem::Region,
     /// Its memory as device-private pages, for process memory migrated here (obj/dpriv.rs):
@@ -637,6 +640,7 @@ impl Device {
                 evict_done <- new_condvar!("gmem_device_evict_done"),
                 low: AtomicU64::new(low),
                 high: AtomicU64::new(high),
+                promised: AtomicU64::new(0),
                 dmem: region,
                 dpriv: SetOnce::new(),
                 dpriv_failed <- new_mutex!(false, "gmem_device_dpriv"),
@@ -893,6 +897,33 @@ impl Device {
     pub(crate) fn set_watermarks(&self, low: u64, high: u64) {
         self.low.store(low, Ordering::Relaxed);
         self.high.store(high, Ordering::Relaxed);
+    }
+
+    /// Frames that peers' eviction batches may still park here: what is free above the
+    /// high watermark, less what other batches were promised and have not allocated yet
+    /// (`policy::evict::park_room`).
+    pub(crate) fn park_room(&self) -> u64 {
+        order::park_room(self.frames_free(), self.high(), self.promised.load(Ordering::Acquire))
+    }
+
+    /// Promises up to `want` of [`Device::park_room`] to one eviction batch that parks pages
+    /// here, until the promise is dropped (after the batch allocated its frames here, so
+    /// that they count as used by then). Batches of several devices, or several batches of
+    /// one, that plan at the same time so share the room above the reserve instead of
+    /// each counting all of it. The lender's own allocations ignore promises: they win.
+    pub(crate) fn promise_parking(&self, want: u64) -> Promise<'_> {
+        let mut seen = self.promised.load(Ordering::Acquire);
+        loop {
+            let n = core::cmp::min(want, order::park_room(self.frames_free(), self.high(), seen));
+            if n == 0 {
+                return Promise { dev: self, n: 0 };
+            }
+            // `n <= frames_free - seen`: the sum cannot wrap.
+            match self.promised.compare_exchange_weak(seen, seen + n, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return Promise { dev: self, n },
+                Err(v) => seen = v,
+            }
+        }
     }
 
     /// The frame pool, locked; every acquisition is counted (`locks: pool=` in debugfs).
@@ -1292,6 +1323,37 @@ impl Device {
     /// Frames parked here by peers.
     pub(crate) fn frames_lent(&self) -> u64 {
         self.pool().lent
+    }
+}
+
+/// Frames of a lender promised to one eviction batch for parking ([`Device::promise_parking`]);
+/// given back when dropped, or in part by [`Promise::keep`].
+///
+/// # Invariants
+/// `n` frames of `dev.promised` are this promise's.
+pub(crate) struct Promise<'a> {
+    dev: &'a Device,
+    n: u64,
+}
+
+impl Promise<'_> {
+    /// Frames promised.
+    pub(crate) fn n(&self) -> u64 {
+        self.n
+    }
+
+    /// Keeps `k` of the frames promised (at most all of them) and gives the others back.
+    pub(crate) fn keep(&mut self, k: u64) {
+        let back = self.n.saturating_sub(k);
+        // INVARIANT: `back <= n` of ours leave `promised` with us.
+        self.dev.promised.fetch_sub(back, Ordering::AcqRel);
+        self.n -= back;
+    }
+}
+
+impl Drop for Promise<'_> {
+    fn drop(&mut self) {
+        self.keep(0);
     }
 }
 

@@ -183,6 +183,45 @@ mod tests {
         assert_eq!(count(), before);
     }
 
+    #[test]
+    fn parking_promises_share_the_room_above_the_reserve() {
+        let a = Device::new(101, test_driver(), 64).expect("device");
+        a.set_watermarks(4, 16);
+        // 64 free, high 16: 47 frames may be parked.
+        assert_eq!(a.park_room(), 47);
+        let mut p1 = a.promise_parking(30);
+        assert_eq!(p1.n(), 30);
+        // A second batch planning meanwhile gets what is left, not the same frames.
+        let p2 = a.promise_parking(30);
+        assert_eq!((p2.n(), a.park_room()), (17, 0));
+        assert_eq!(a.promise_parking(5).n(), 0);
+        // The first batch parks 10: the other 20 come back.
+        p1.keep(10);
+        assert_eq!((p1.n(), a.park_room()), (10, 20));
+        // Its 10 frames allocated, its promise ends: they count as used instead.
+        let mut got = KVec::new();
+        for _ in 0..10 {
+            got.push(a.alloc_frame().expect("frame"), GFP_KERNEL).expect("push");
+        }
+        drop(p1);
+        assert_eq!(a.park_room(), 20);
+        drop(p2);
+        assert_eq!(a.park_room(), 37);
+        // The lender's own allocations ignore promises (its own win) and shrink the room.
+        let p3 = a.promise_parking(100);
+        assert_eq!(p3.n(), 37);
+        for _ in 0..40 {
+            got.push(a.alloc_frame().expect("frame"), GFP_KERNEL).expect("push");
+        }
+        assert_eq!(a.park_room(), 0);
+        drop(p3);
+        assert_eq!(a.park_room(), 0);
+        for f in got {
+            a.free_frame(f);
+        }
+        assert_eq!(a.park_room(), 47);
+    }
+
     /// A driver whose callbacks all exist but are never called by these tests.
     fn test_driver() -> CDriver {
         use crate::abi::{GmemCopy, GmemPte};

@@ -146,6 +146,15 @@ pub fn write_back_lent(free: u64, high: u64) -> bool {
     free < high
 }
 
+/// Frames a lender with `free` frames free and watermark `high` can still promise to
+/// peers' eviction batches for parking, when `promised` are promised already and not yet
+/// allocated: what is left above `high + 1` (parking never takes the lender's reserve, so
+/// its own allocations win). Batches that plan side by side each take their share of
+/// this, not all of it.
+pub fn park_room(free: u64, high: u64, promised: u64) -> u64 {
+    free.saturating_sub(high.saturating_add(1)).saturating_sub(promised)
+}
+
 /// Default watermarks `(low, high)` for a pool of `nframes` frames: `low = nframes / 64`
 /// clamped to `8..=nframes / 4` (the upper bound wins for tiny pools), `high = 2 * low`
 /// capped at `nframes / 2`.
@@ -158,6 +167,19 @@ pub fn default_watermarks(nframes: u64) -> (u64, u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn promises_share_the_room_above_the_reserve() {
+        // 100 free, high 20: 79 frames may be parked (one spare above the reserve).
+        assert_eq!(park_room(100, 20, 0), 79);
+        assert_eq!(park_room(100, 20, 60), 19);
+        assert_eq!(park_room(100, 20, 79), 0);
+        assert_eq!(park_room(100, 20, 500), 0);
+        // Inside the reserve: nothing, whatever is promised.
+        assert_eq!(park_room(21, 20, 0), 0);
+        assert_eq!(park_room(5, 20, 0), 0);
+        assert_eq!(park_room(u64::MAX, u64::MAX, 0), 0);
+    }
 
     #[test]
     fn a_lender_writes_parked_pages_back_only_inside_its_reserve() {

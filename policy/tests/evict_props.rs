@@ -207,6 +207,22 @@ proptest! {
         }
     }
 
+    /// Batches that take promises one after another (each as much as it wants, up to the
+    /// room left) never promise, together, more than the lender has above `high + 1`,
+    /// and each gets all it wants while that much is left.
+    #[test]
+    fn promises_never_reach_into_the_reserve(free in 0u64..5000, high in 0u64..3000,
+                                             wants in proptest::collection::vec(0u64..2000, 0..8)) {
+        let mut promised = 0u64;
+        for w in wants {
+            let room = park_room(free, high, promised);
+            let got = w.min(room);
+            prop_assert_eq!(got == w, w <= room);
+            promised += got;
+            prop_assert!(promised <= free.saturating_sub(high + 1));
+        }
+    }
+
     #[test]
     fn watermark_bounds(n in prop_oneof![0u64..2000, any::<u64>()]) {
         let (low, high) = default_watermarks(n);
