@@ -58,6 +58,11 @@ impl<'a> Env<'a> {
     pub(crate) fn background(region: &'a Arc<Region>) -> Self {
         Env { region, vma: None, access: false, started: None }
     }
+
+    /// As [`Env::background`], calling `started` once the copies are started.
+    pub(crate) fn background_then(region: &'a Arc<Region>, started: &'a dyn Fn()) -> Self {
+        Env { region, vma: None, access: false, started: Some(started) }
+    }
 }
 
 /// The errno of a refused transition for advice and device faults: a lost page fails with

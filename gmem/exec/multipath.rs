@@ -14,9 +14,9 @@
 //!
 //! **Staging frames** are frames of the peer's pool with no owner (eviction never picks a
 //! frame without an owner), charged to the owner's dmem cgroup on the peer like any other
-//! frame used on its behalf. Only frames above the peer's high watermark are used (as
-//! seen when the route is chosen and again when its frames are taken), so a route does not
-//! make the peer evict. They are taken only once the batch holds a callback
+//! frame used on its behalf. Only frames above the peer's high watermark, less those
+//! promised to eviction batches that park there, are used (as seen when the route is chosen
+//! and again when its frames are taken), so a route does not make the peer evict. They are taken only once the batch holds a callback
 //! section of the peer and has seen it alive, and freed (by [`Staging`]'s drop) after every
 //! copy that names them completed and before that section closes: so unregistration of the
 //! peer, which waits for its sections (`Device::quiesce`) before it checks that no frame is
@@ -32,9 +32,11 @@ use crate::policy::paths::{self, CHUNK_PAGES};
 use core::sync::atomic::Ordering::Relaxed;
 use kernel::{prelude::*, sync::Arc};
 
-/// Frames `peer` has free above its high watermark (a snapshot): what staging may take.
+/// Frames `peer` has free above its high watermark, less what eviction batches were
+/// promised to park there (a snapshot): what staging may take.
 fn room(peer: &Device) -> usize {
-    usize::try_from(peer.frames_free_hint().saturating_sub(peer.high())).unwrap_or(usize::MAX)
+    let free = peer.frames_free_hint().saturating_sub(peer.high()).saturating_sub(peer.promised());
+    usize::try_from(free).unwrap_or(usize::MAX)
 }
 
 /// Chooses the peer (if any) through which to send part of a copy of `n` host pages to

@@ -36,7 +36,7 @@
 use crate::exec::dpriv;
 use crate::exec::migrate::Step;
 use crate::exec::migrate::{self, Env};
-use crate::obj::device::{Ctx, DevStats, Device, DeviceOps, Owner, F_PREFETCHED, F_SPARED};
+use crate::obj::device::{Ctx, DevStats, Device, DeviceOps, Owner, Promise, F_PREFETCHED, F_SPARED};
 use crate::obj::dmem::Limit;
 use crate::obj::region::{adv, ADVICE_RUNS};
 use crate::obj::region::{block_base, Region};
@@ -209,12 +209,6 @@ fn evict_pages(
     idx: &[usize],
     peer: &Option<Arc<Device>>,
 ) -> Result<usize> {
-    // The lender's reserve is respected for the whole batch: its own allocations win. The
-    // room is promised to this batch until its frames there are allocated, so that other
-    // batches planning meanwhile (this device's, whose batches copy side by side, or other
-    // devices') do not count the same frames; what the plan does not park is given back.
-    let mut promise = peer.as_ref().filter(|p| p.alive()).map(|p| p.promise_parking(idx.len() as u64));
-    let mut peer_room = promise.as_ref().map_or(0, |p| p.n());
     // Devices whose duplicates may take pages back without a copy: live, of the same
     // driver. A device that dies after this look loses its duplicates under the block
     // lock held here, so a promotion never targets one it has already dropped.
@@ -225,6 +219,12 @@ fn evict_pages(
         .filter(|h| h.id != dev.id && h.alive() && h.same_driver(dev))
         .fold(0u16, |m, h| m | u8::try_from(h.id).map_or(0, dev_bit));
     let mut steps: KVec<Step> = KVec::with_capacity(idx.len(), GFP_KERNEL)?;
+    // The lender's reserve is respected for the whole batch: its own allocations win. The
+    // room is promised to this batch until its frames there are allocated, so that other
+    // batches planning meanwhile (this device's, whose batches copy side by side, or other
+    // devices') do not count the same frames; what the plan does not park is given back.
+    let mut promise = peer.as_ref().filter(|peer| peer.alive()).map(|peer| peer.promise_parking(idx.len() as u64));
+    let mut peer_room = promise.as_ref().map_or(0, Promise::n);
     for &i in idx {
         if let Some(st) = evict_step(dev, p, i, peer, &mut peer_room, holders) {
             steps.push(st, GFP_KERNEL)?;
@@ -234,7 +234,11 @@ fn evict_pages(
         // `evict_step` took one of `n` for each page it parks.
         pr.keep(pr.n().saturating_sub(peer_room));
     }
-    let env = Env::background(region);
+    // Given back once the batch's copies are started (every frame it takes on the peer is
+    // allocated by then and counts as used), or when the batch ends without copies.
+    let promise = core::cell::Cell::new(promise);
+    let allocated = || drop(promise.take());
+    let env = Env::background_then(region, &allocated);
     let (mut freed, mut from, mut parked, mut host_full) = (0, 0, false, false);
     let mut tally = [0u32; 3];
     // First as planned; if a step fails (the peer filled up meanwhile, say), it and the
@@ -263,8 +267,7 @@ fn evict_pages(
             _ => break,
         }
     }
-    // The parked pages' frames are allocated (or the steps went home).
-    drop(promise);
+    drop(promise.take());
     if tally != [0; 3] {
         trace::evict(dev.id, tally[0], tally[1], tally[2]);
     }

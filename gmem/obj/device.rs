@@ -906,12 +906,20 @@ impl Device {
         order::park_room(self.frames_free(), self.high(), self.promised.load(Ordering::Acquire))
     }
 
+    /// Frames promised to parking batches and not yet allocated by them.
+    pub(crate) fn promised(&self) -> u64 {
+        self.promised.load(Ordering::Acquire)
+    }
+
     /// Promises up to `want` of [`Device::park_room`] to one eviction batch that parks pages
     /// here, until the promise is dropped (after the batch allocated its frames here, so
     /// that they count as used by then). Batches of several devices, or several batches of
     /// one, that plan at the same time so share the room above the reserve instead of
     /// each counting all of it. The lender's own allocations ignore promises: they win.
     pub(crate) fn promise_parking(&self, want: u64) -> Promise<'_> {
+        // `frames_free` is read outside the exchange, which checks only `promised`: a batch
+        // that allocated and gave its promise back meanwhile can leave this one counting
+        // its frames free once, like an allocation of the lender's own right after.
         let mut seen = self.promised.load(Ordering::Acquire);
         loop {
             let n = core::cmp::min(want, order::park_room(self.frames_free(), self.high(), seen));
