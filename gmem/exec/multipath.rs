@@ -15,12 +15,12 @@
 //! **Staging frames** are frames of the peer's pool with no owner (eviction never picks a
 //! frame without an owner), charged to the owner's dmem cgroup on the peer like any other
 //! frame used on its behalf. Only frames above the peer's high watermark, less those
-//! promised to eviction batches that park there, are used (as seen when the route is chosen
-//! and again when its frames are taken), so a route does not make the peer evict. They are taken only once the batch holds a callback
-//! section of the peer and has seen it alive, and freed (by [`Staging`]'s drop) after every
-//! copy that names them completed and before that section closes: so unregistration of the
-//! peer, which waits for its sections (`Device::quiesce`) before it checks that no frame is
-//! used, never sees one.
+//! promised to eviction batches that park there, are used (as seen when the route is
+//! chosen and again when its frames are taken), so a route does not make the peer evict.
+//! They are taken only once the batch holds a callback section of the peer and has seen it
+//! alive, and freed (by [`Staging`]'s drop) after every copy that names them completed and
+//! before that section closes: so unregistration of the peer, which waits for its sections
+//! (`Device::quiesce`) before it checks that no frame is used, never sees one.
 
 use crate::abi::GmemCopy;
 use crate::obj::device::{DevStats, Device, DeviceOps};
