@@ -641,8 +641,7 @@ fn pass(dev: &Arc<Device>, want: usize, why: Why, within: Option<Within<'_>>) ->
         if copying == 0 || dev.frames_free().saturating_add(copying) < want as u64 {
             break;
         }
-        dev.evict_done.wait(g);
-        DevStats::add(&dev.stats.copy_waits, 1);
+        await_batch_end(dev, g);
         if sched::fatal_signal_pending() {
             return Pass { freed: 0, in_transit: true };
         }
@@ -797,9 +796,15 @@ fn wait_for_copies(dev: &Device) -> bool {
     if *g == 0 {
         return false;
     }
-    dev.evict_done.wait(&mut g);
-    DevStats::add(&dev.stats.copy_waits, 1);
+    await_batch_end(dev, &mut g);
     true
+}
+
+/// Waits, with `evict_lock` held as `g` (given up while waiting), for the end of one of
+/// `dev`'s eviction batches copying; counted in `copy_waits`.
+fn await_batch_end(dev: &Device, g: &mut MutexGuard<'_, u64>) {
+    dev.evict_done.wait(g);
+    DevStats::add(&dev.stats.copy_waits, 1);
 }
 
 /// How many ends of eviction batches copying one pass of a fault or advice waits for

@@ -903,7 +903,7 @@ impl Device {
     /// high watermark, less what other batches were promised and have not allocated yet
     /// (`policy::evict::park_room`).
     pub(crate) fn park_room(&self) -> u64 {
-        order::park_room(self.frames_free(), self.high(), self.promised.load(Ordering::Acquire))
+        order::park_room(self.frames_free(), self.high(), self.promised())
     }
 
     /// Frames promised to parking batches and not yet allocated by them.
