@@ -52,6 +52,9 @@ pub(crate) fn apply(text: &str) -> Result {
                     return Err(EINVAL);
                 }
             }
+            "fail_host" => {
+                u32::try_from(num(v)?).map_err(|_| EINVAL)?;
+            }
             "thrash_window_us" => {
                 let w = num(v)?;
                 if w == 0 || w > 10_000_000 {
@@ -85,6 +88,7 @@ pub(crate) fn apply(text: &str) -> Result {
             "multipath" => MULTIPATH.store(flag(v)?, Relaxed),
             "prefetch_pct" => PREFETCH_PCT.store(num(v)? as u32, Relaxed),
             "thrash_window_us" => THRASH_WINDOW_US.store(num(v)? as u32, Relaxed),
+            "fail_host" => FAIL_HOST.store(num(v)? as u32, Relaxed),
             _ => {}
         }
     }

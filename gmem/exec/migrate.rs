@@ -992,7 +992,11 @@ fn pipelined(
             })
         };
         made = allocated + n;
-        if let Err(e) = ops.reserve(frame_ops_all(&steps[allocated..made], &fresh[allocated..made]), GFP_KERNEL) {
+        // Room for every frame update of the batch (`ops` is still empty): the parts are
+        // committed one by one, reusing it, but when the allocation stops before the
+        // first part's next copy, the steps it made are committed together with the first
+        // part (`n == 0` below).
+        if let Err(e) = ops.reserve(frame_ops_all(&steps[..made], &fresh[..made]), GFP_KERNEL) {
             undo_steps(p, &steps[allocated..made], &fresh[allocated..made], devs);
             made = allocated;
             (stop, limit) = (Err(e.into()), None);
@@ -1103,9 +1107,10 @@ fn frame_ops(st: &Step, fresh: &Fresh) -> usize {
 /// lock each), records the new frame, drops the host page, then commits the state.
 fn commit(env: &Env<'_>, p: &mut Pages, st: &Step, fresh: &Fresh, ops: &mut KVec<(u8, FrameOp)>, kicked: &mut u16) {
     let (i, next, a) = (st.i, st.next, &st.a);
-    // `ops` has room for every update of the batch (`frame_ops`), reserved before step 4.
+    // `ops` has room for every update of the batch (`frame_ops`), reserved before step 4;
+    // an update without room would be lost (a frame never freed), so that is a bug.
     let mut queue = |d: u8, op: FrameOp| {
-        let _ = ops.push_within_capacity((d, op));
+        kernel::warn_on!(ops.push_within_capacity((d, op)).is_err());
     };
     if let Some(o) = a.free_frame {
         queue(o, FrameOp::Free(p.frame(i)));

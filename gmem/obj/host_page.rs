@@ -37,6 +37,9 @@ impl HostPage {
     /// the caller is about to overwrite all of it (a D2H copy); or `ENOMEM` (host or memory
     /// cgroup limit).
     pub(crate) fn alloc(mm: &kernel::mm::Mm, zero: bool) -> Result<HostPage> {
+        if crate::obj::tune::host_alloc_fails() {
+            return Err(ENOMEM);
+        }
         // SAFETY: plain allocation call, process or worker context; `mm` is a live mm (the
         // reference keeps it allocated for the call).
         let p = unsafe { gmem_host_page_alloc(mm.as_raw().cast(), zero) }.cast::<bindings::page>();

@@ -13,6 +13,8 @@
 //! - `thrash=0|1`          thrashing detection and response (default 1)
 //! - `thrash_window_us=N`  longest pause between moves of one burst (default 500, as UVM)
 //! - `dev=N low=L high=H`  watermarks of device N, in frames
+//! - `fail_host=N`         for tests: the N-th host page allocation from now fails with
+//!   `ENOMEM`, once (0, the default: none); a memory cgroup at its limit, on cue
 
 use core::sync::atomic::{AtomicBool, AtomicU32};
 
@@ -35,6 +37,8 @@ pub(crate) static HEAD_PAGES: AtomicU32 = AtomicU32::new(128);
 pub(crate) const HEAD_MIN: u32 = 16;
 pub(crate) const HEAD_MAX: u32 = 256;
 pub(crate) static THRASH: AtomicBool = AtomicBool::new(true);
+/// `fail_host=`: host page allocations left until the one that fails (0: none).
+pub(crate) static FAIL_HOST: AtomicU32 = AtomicU32::new(0);
 pub(crate) static THRASH_WINDOW_US: AtomicU32 = AtomicU32::new(500);
 
 /// Thrashing parameters: UVM's (3 moves within 500 us, pin after 10 throttles, for 300
@@ -42,4 +46,10 @@ pub(crate) static THRASH_WINDOW_US: AtomicU32 = AtomicU32::new(500);
 pub(crate) fn thrash_params() -> crate::policy::thrash::ThrashParams {
     let window_ns = u64::from(THRASH_WINDOW_US.load(core::sync::atomic::Ordering::Relaxed)) * 1000;
     crate::policy::thrash::ThrashParams { window_ns, moves: 3, throttles_to_pin: 10, pin_ns: window_ns * 300 }
+}
+
+/// Whether this host page allocation is the one `fail_host=` asked to fail (counting it).
+pub(crate) fn host_alloc_fails() -> bool {
+    use core::sync::atomic::Ordering::Relaxed;
+    FAIL_HOST.fetch_update(Relaxed, Relaxed, |n| n.checked_sub(1)) == Ok(1)
 }

@@ -103,6 +103,62 @@ fn copy_failure_mid_batch_keeps_every_page() -> TestResult {
     Ok(())
 }
 
+/// A batch in parts whose later allocation stops before its next copy: the steps it made
+/// (here clean pages, which need no copy home) are committed with the first part, and every
+/// device frame they leave is freed. A write-back of one block: 32 dirty device pages (the
+/// first part, `head=32`), 384 clean ones (prefetched from the host), 96 dirty ones; the
+/// host page of the first of those fails (`fail_host=33`, as a memory cgroup at its limit
+/// would). Before the fix, the first part's and the clean pages' frame updates had room for
+/// the larger of the two only: 32 frees were dropped and their frames leaked.
+fn host_alloc_failure_after_first_part_frees_every_frame() -> TestResult {
+    // Only this advice moves pages meanwhile.
+    control("preevict=0 peer=0 prefetch=0 readahead=0 head=32")?;
+    let res = (|| -> TestResult {
+        let (g, s) = open()?;
+        let used0 = crate::t_overcommit::counter(0, "used")?;
+        let r = ok!(g.alloc(2 * BLOCK));
+        let a = r.addr.next_multiple_of(BLOCK);
+        let first = ((a - r.addr) / 4) as usize;
+        let pg = 4096u64;
+        let (clean, tail) = (a + 32 * pg, a + 416 * pg);
+        // What the CPU must read back in the end (computed here: a CPU read now would bring
+        // device pages home): the device's words at both ends, the CPU's in the middle.
+        let mut want: Vec<u32> = (0..512 * 1024u32).map(|i| 1000u32.wrapping_add(i)).collect();
+        for (i, x) in want[416 * 1024..].iter_mut().enumerate() {
+            *x = 2000u32.wrapping_add(i as u32);
+        }
+        pattern(&mut want[32 * 1024..416 * 1024], 5);
+        // The clean middle: written by the CPU, prefetched (the host copy stays valid).
+        words(&r)[first + 32 * 1024..first + 416 * 1024].copy_from_slice(&want[32 * 1024..416 * 1024]);
+        ok!(g.advise(clean, 384 * pg, GMEM_ADV_PREFETCH, 0, 0));
+        // The dirty ends: written by the device.
+        ok!(s.fill(a, 32 * pg, 1000));
+        ok!(s.fill(tail, 96 * pg, 2000));
+        let q = ok!(g.query(a, 512));
+        all_at(&q, GMEM_LOC_DEVICE, 0)?;
+        let dirty = q.iter().map(|w| w & GMEM_Q_DIRTY != 0).collect::<Vec<_>>();
+        ensure!(dirty[..32].iter().chain(&dirty[416..]).all(|&d| d) && !dirty[32..416].iter().any(|&d| d), "layout");
+        control("fail_host=33")?;
+        let moved = g.advise(a, BLOCK, GMEM_ADV_PREFETCH, GMEM_HOST, 0);
+        control("fail_host=0")?;
+        expect_errno!(moved, libc::ENOMEM);
+        let q = ok!(g.query(a, 512));
+        all_at(&q[..416], GMEM_LOC_HOST, 0)?;
+        all_at(&q[416..], GMEM_LOC_DEVICE, 0)?;
+        // Exactly the 96 pages still there hold frames: none leaked.
+        let used = crate::t_overcommit::counter(0, "used")?;
+        ensure!(used == used0 + 96, "{} frames in use for 96 pages on the device", used - used0);
+        ok!(g.advise(a, BLOCK, GMEM_ADV_PREFETCH, GMEM_HOST, 0));
+        ensure!(words(&r)[first..first + 512 * 1024] == want[..], "the CPU reads other data");
+        drop(r);
+        let used = crate::t_overcommit::counter(0, "used")?;
+        ensure!(used == used0, "{} frames still in use after the region went", used - used0);
+        Ok(())
+    })();
+    control("fail_host=0 preevict=1 peer=1 prefetch=1 readahead=1 head=128")?;
+    res
+}
+
 /// Bad fault-injection arguments are refused.
 fn fail_copy_rejects_bad_arguments() -> TestResult {
     let (_g, s) = open()?;
@@ -291,6 +347,10 @@ pub fn tests() -> Vec<Test> {
         Test { name: "prefetch_moves_a_block_in_few_calls", f: prefetch_moves_a_block_in_few_calls },
         Test { name: "copy_failure_mid_batch_keeps_every_page", f: copy_failure_mid_batch_keeps_every_page },
         Test { name: "fail_copy_rejects_bad_arguments", f: fail_copy_rejects_bad_arguments },
+        Test {
+            name: "host_alloc_failure_after_first_part_frees_every_frame",
+            f: host_alloc_failure_after_first_part_frees_every_frame,
+        },
         Test { name: "fault_around_edges_pinned_and_duplicated", f: fault_around_edges_pinned_and_duplicated },
         Test { name: "concurrent_faults_on_one_region", f: concurrent_faults_on_one_region },
         Test { name: "two_mib_mapping_splits_when_a_page_leaves", f: two_mib_mapping_splits_when_a_page_leaves },
