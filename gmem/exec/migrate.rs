@@ -43,25 +43,35 @@ pub(crate) struct Env<'a> {
     /// under the block lock: read-ahead hands on to its next block there, so that blocks
     /// reach the link in order while this one's commit overlaps the next one's copies.
     pub(crate) started: Option<&'a dyn Fn()>,
+    /// Called once the batch's first copy is started, under the block lock: for a batch in
+    /// parts, right after its first part's driver call (before the other parts are
+    /// allocated and revoked); for a batch copied whole, just before its copies are started
+    /// (as `started`). A PREFETCH queues its helper lanes there (`moves.rs`).
+    pub(crate) head_started: Option<&'a dyn Fn()>,
 }
 
 impl<'a> Env<'a> {
     pub(crate) fn access(region: &'a Arc<Region>, vma: Option<&'a VmaRef>) -> Self {
-        Env { region, vma, access: true, started: None }
+        Env { region, vma, access: true, started: None, head_started: None }
     }
 
     /// As [`Env::access`], calling `started` once the copies are started.
     pub(crate) fn access_then(region: &'a Arc<Region>, vma: Option<&'a VmaRef>, started: &'a dyn Fn()) -> Self {
-        Env { region, vma, access: true, started: Some(started) }
+        Env { region, vma, access: true, started: Some(started), head_started: None }
     }
 
     pub(crate) fn background(region: &'a Arc<Region>) -> Self {
-        Env { region, vma: None, access: false, started: None }
+        Env { region, vma: None, access: false, started: None, head_started: None }
     }
 
     /// As [`Env::background`], calling `started` once the copies are started.
     pub(crate) fn background_then(region: &'a Arc<Region>, started: &'a dyn Fn()) -> Self {
-        Env { region, vma: None, access: false, started: Some(started) }
+        Env { region, vma: None, access: false, started: Some(started), head_started: None }
+    }
+
+    /// This environment, calling `f` once the batch's first copy is started (if `Some`).
+    pub(crate) fn head_then(self, f: Option<&'a dyn Fn()>) -> Self {
+        Env { head_started: f, ..self }
     }
 }
 
@@ -728,7 +738,7 @@ pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outco
             revoke(env, p, steps, &devs);
             laps.lap(Phase::Revoke);
             // Started within `copy_batch`, which waits for them too: told just before.
-            if let Some(f) = env.started {
+            for f in [env.started, env.head_started].into_iter().flatten() {
                 f();
             }
             let copied = copy_lists(p, steps, fresh).and_then(|lists| copy_batch(&lists, &devs, space));
@@ -978,6 +988,9 @@ fn pipelined(
     // At most `most` boundaries: reserved above.
     let _ = ends.push_within_capacity(head_end);
     let mut res = start_part(p, &steps[..head_end], &fresh[..head_end], &mut flight);
+    if let Some(f) = env.head_started {
+        f();
+    }
     // The others, while it is on the link.
     let mut made = allocated;
     let mut rest_alloc = None;

@@ -15,8 +15,10 @@
 //! (`tune::LANES`, default 3): the caller and helper work items on gmem's workqueue claim
 //! blocks from one cursor, in address order. While one lane's copies are on the link, the
 //! others set up, commit and map their blocks, so the link does not idle between blocks
-//! (a lane holds one block lock, never two: no lock nesting). PIN, UNPIN and DONTNEED stay
-//! in one lane (PIN counts what it pinned; the others are cheap).
+//! (a lane holds one block lock, never two: no lock nesting). The caller's lane starts
+//! alone: the helpers are queued once its first copy is started, so that the link starts as
+//! soon as one lane can start it. PIN, UNPIN and DONTNEED stay in one lane (PIN counts what
+//! it pinned; the others are cheap).
 //!
 //! Stopping: every lane checks the shared `cancel` flag (set when the file of an
 //! asynchronous prefetch is closed, as a killed process's is) before each block it claims;
@@ -144,7 +146,7 @@ fn move_range(
         let chunk_end = core::cmp::min(end, region.block_pages(i).end);
         // Only while the process (anyone but gmem's workers) still uses the address space.
         let mm = region.space.mm_for_worker().ok_or(EFAULT)?;
-        move_block(region, &mm, i, chunk_end, event, dev, pinned, &|| stopped(cancel, true))?;
+        move_block(region, &mm, i, chunk_end, event, dev, pinned, &|| stopped(cancel, true), None)?;
         i = chunk_end;
         sched::cond_resched();
     }
@@ -154,7 +156,8 @@ fn move_range(
 /// One chunk: the pages `first..chunk_end` of one block, under one mmap read lock and one
 /// block lock (dropped only to evict). Each time it must wait for room, it first asks
 /// `stop` (called without the block lock) whether its lane should end instead: a wait
-/// for frames in transit can last a fifth of a second.
+/// for frames in transit can last a fifth of a second. `head_started` is called once each
+/// batch's first copy is started (`Env::head_started`).
 #[allow(clippy::too_many_arguments)]
 fn move_block(
     region: &Arc<Region>,
@@ -165,6 +168,7 @@ fn move_block(
     dev: &Option<Arc<Device>>,
     pinned: &mut u64,
     stop: &dyn Fn() -> Result,
+    head_started: Option<&dyn Fn()>,
 ) -> Result {
     let space = &region.space;
     let mmap = mm.mmap_read_lock();
@@ -199,7 +203,7 @@ fn move_block(
             }
             j += 1;
         }
-        let out = migrate::apply_batch(&Env::access(region, vma), &mut p, &steps);
+        let out = migrate::apply_batch(&Env::access(region, vma).head_then(head_started), &mut p, &steps);
         for st in &steps[..out.done] {
             *pinned += u64::from(!st.prev.pinned() && st.next.pinned());
         }
@@ -323,8 +327,10 @@ impl Lanes {
     }
 
     /// Runs chunks until none is left; a cancellation (or, in the caller's lane, a fatal
-    /// signal) seen before a claim stops every lane.
-    fn work(&self, helper: bool) {
+    /// signal) seen before a claim stops every lane. `first_copy` (the caller's lane: it
+    /// queues the helpers, once) is called when a batch's first copy is started and after
+    /// every chunk.
+    fn work(&self, helper: bool, first_copy: Option<&dyn Fn()>) {
         let mut pinned = 0;
         loop {
             if let Err(e) = stopped(self.cancel.as_ref(), !helper) {
@@ -335,12 +341,26 @@ impl Lanes {
             // A reference for this block, if anyone but gmem's workers still uses the
             // address space (the process, normally).
             let r = match self.region.space.mm_for_worker() {
-                Some(mm) => {
-                    move_block(&self.region, &mm, i, e, self.event, &self.dev, &mut pinned, &|| self.stopped(helper))
-                }
+                Some(mm) => move_block(
+                    &self.region,
+                    &mm,
+                    i,
+                    e,
+                    self.event,
+                    &self.dev,
+                    &mut pinned,
+                    &|| self.stopped(helper),
+                    first_copy,
+                ),
                 None => Err(EFAULT),
             };
             self.done(r, helper);
+            // Once the caller's first block is done, its helpers are queued if its first
+            // copy did not queue them (a block with nothing to copy); after an error, with
+            // the lanes stopped, they claim nothing.
+            if let Some(f) = first_copy {
+                f();
+            }
             sched::cond_resched();
         }
     }
@@ -362,7 +382,7 @@ impl WorkItem for Helper {
     type Pointer = Arc<Helper>;
 
     fn run(this: Arc<Helper>) {
-        this.lanes.work(true);
+        this.lanes.work(true, None);
     }
 }
 
@@ -390,20 +410,33 @@ fn in_lanes(
         }),
         GFP_KERNEL,
     )?;
-    if let Some(q) = wq::get() {
-        for _ in 0..helpers {
-            // A helper that cannot be had leaves its share to the other lanes.
-            let shared = lanes.clone();
-            let Ok(h) =
-                Arc::pin_init(pin_init!(Helper { lanes: shared, work <- new_work!("gmem_lanes_helper") }), GFP_KERNEL)
-            else {
-                break;
-            };
-            // A fresh work item cannot be queued already.
-            let _ = q.enqueue(h);
+    // The helpers are queued once the caller's first copy is started (or its first block
+    // is done, if that started none), not before its first block: queueing the first one
+    // wakes the other vCPU, which took 65-75 us of the caller's time before its first copy
+    // under TCG, and a helper's allocation and CPU zap then ran beside the caller's first
+    // ones. The link starts sooner; the helpers' blocks follow the caller's on it (14 PL
+    // boots: PREFETCH +0.006 of the link bandwidth, see benchmarks.rst).
+    let queued = core::cell::Cell::new(false);
+    let queue_helpers = || {
+        if queued.replace(true) {
+            return;
         }
-    }
-    lanes.work(false);
+        if let Some(q) = wq::get() {
+            for _ in 0..helpers {
+                // A helper that cannot be had leaves its share to the other lanes.
+                let shared = lanes.clone();
+                let Ok(h) = Arc::pin_init(
+                    pin_init!(Helper { lanes: shared, work <- new_work!("gmem_lanes_helper") }),
+                    GFP_KERNEL,
+                ) else {
+                    break;
+                };
+                // A fresh work item cannot be queued already.
+                let _ = q.enqueue(h);
+            }
+        }
+    };
+    lanes.work(false, Some(&queue_helpers));
     // Every chunk is claimed (or the lanes stopped): wait for the helpers still in one.
     let mut st = lanes.state.lock();
     while st.busy > 0 {
