@@ -511,8 +511,10 @@ impl SimFile {
             if !sim_link::valid(&l.mbps, l.latency_ns) {
                 return Err(EINVAL);
             }
-            links.set(l.mbps, l.latency_ns);
+            // The channels' queues first, then the paths: a copy started in between books
+            // from now, among the old paths' reservations, which `set` then drops.
             self.dev.reg.data().channels.reset_bookings();
+            links.set(l.mbps, l.latency_ns);
             report_links(&self.dev.reg)?;
         }
         for (k, p) in PATHS.iter().enumerate() {
@@ -614,7 +616,7 @@ impl SimModule {
                         module_parameters::link_d2d_mbps.value(),
                     ],
                     module_parameters::link_latency_ns.value(),
-                ),
+                )?,
                 unregistered: AtomicBool::new(false),
                 channels: sim_chan::Channels::new(&self.wq, module_parameters::copy_channels.value())?,
                 chan: sim_chan::ChanStats::default(),

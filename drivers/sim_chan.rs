@@ -29,8 +29,8 @@
 //! workqueue ([`Wq`]) belongs to the module and is destroyed last, which drains it: no work
 //! item runs module code after unload.
 //!
-//! **Locks.** `Channel::queue` is a leaf, never held while copying or completing (booking
-//! a copy under it takes only the link model's atomics). `Channel::landed` (interrupts off)
+//! **Locks.** `Channel::queue` is never held while copying or completing; booking a copy
+//! under it takes only the link model's path lock (`PathState::booked`, a leaf). `Channel::landed` (interrupts off)
 //! is taken by the worker and the timer callback; under it only the timer is (re)armed
 //! (the hrtimer base lock nests inside it); no fence is signalled under it.
 
