@@ -53,8 +53,9 @@
 //! module unload drains.
 //! The token is always given back: every worker hands on exactly once (when its copies
 //! start, or when its fetch ends without any), by queueing the next worker or by clearing
-//! the token; a fault that found it taken only moved `stream_at`, which the worker that
-//! clears it checks again. The hand-on runs under the block lock and takes none.
+//! the token; a fault that found it taken only moved `stream_at`, which whoever clears it
+//! (a worker, or a fault whose chain did not start) checks again (`give_back`). The
+//! hand-on runs under the block lock and takes none.
 //! Switch off with `readahead=0` in `/sys/kernel/debug/gmem/control`.
 
 use crate::exec::migrate::{self, Env, Step};
@@ -189,16 +190,33 @@ fn hand_on(dev: &Arc<Device>, r: &Arc<Region>, done: usize) {
                 return;
             }
         }
-        dev.ahead_token.store(false, Release);
-        // Pairs with the fence in `after`: either that fault sees the token free, or this
-        // sees its `stream_at` (a store then a load on each side, which may otherwise pass).
-        fence(SeqCst);
-        let now = dev.stream_at.load(Relaxed);
-        if now == at || dev.ahead_token.compare_exchange(false, true, Acquire, Relaxed).is_err() {
-            return;
+        match give_back(dev, r, at) {
+            Some(now) => at = now,
+            None => return,
         }
-        at = now;
     }
+}
+
+/// Gives the chain's token back, the reader having been at `at` when the caller decided.
+/// A fault that asked meanwhile found the token taken and only moved `stream_at` on: if
+/// one did, in `r`, the token is taken again and the reader's new position returned, for
+/// the caller to try the chain from there. (A fault in another region that asked meanwhile
+/// is not served: nothing here holds that region.)
+fn give_back(dev: &Device, r: &Arc<Region>, at: usize) -> Option<usize> {
+    dev.ahead_token.store(false, Release);
+    // Pairs with the fence in `start_chain`: either that fault sees the token free, or
+    // this sees its `stream_at` and `stream_of` (a store then a load on each side, which
+    // may otherwise pass each other).
+    fence(SeqCst);
+    let now = dev.stream_at.load(Relaxed);
+    // (A fault stores `stream_at` before `stream_of`: a position outside `r` is another
+    // region's even if `stream_of` still names `r`. One inside `r` from a region at the
+    // same addresses in another process would only cost a read-ahead of `r` unused.)
+    if now == at || dev.stream_of.load(Relaxed) != region_id(r) || r.index(core::cmp::max(now, r.start)).is_none() {
+        return None;
+    }
+    dev.ahead_token.compare_exchange(false, true, Acquire, Relaxed).ok()?;
+    Some(now)
 }
 
 /// A device fault at the block at `block_va` (2 MiB aligned) of `r` asks for read-ahead:
@@ -224,20 +242,30 @@ fn start_chain(dev: &Arc<Device>, r: &Arc<Region>, block_va: usize, resume: bool
     dev.stream_at.store(block_va, Relaxed);
     dev.stream_asked_ns.store(crate::obj::sched::now_ns(), Relaxed);
     let same = dev.stream_of.swap(region_id(r), Relaxed) == region_id(r);
-    // Pairs with the fence in `hand_on` (see there).
+    // Pairs with the fence in `give_back` (see there).
     fence(SeqCst);
     if dev.ahead_token.compare_exchange(false, true, Acquire, Relaxed).is_err() {
         return;
     }
-    let to = (same && resume).then(|| dev.ahead_to.load(Relaxed));
-    // Where the last chain stopped in this region, unless that is stale
-    // (`policy::prefetch::chain_start`), in block numbers.
-    let at = block_va / BLOCK_BYTES;
-    let start =
-        chain_start(at.saturating_add(1), at, to.map(|t| t / BLOCK_BYTES), device_depth(dev, r, block_va), DEPTH)
-            .and_then(|b| b.checked_mul(BLOCK_BYTES));
-    if !start.is_some_and(|start| queue(dev, r, start)) {
-        dev.ahead_token.store(false, Release);
+    let (mut block_va, mut resume) = (block_va, resume);
+    loop {
+        let to = (same && resume).then(|| dev.ahead_to.load(Relaxed));
+        // Where the last chain stopped in this region, unless that is stale
+        // (`policy::prefetch::chain_start`), in block numbers.
+        let at = block_va / BLOCK_BYTES;
+        let start =
+            chain_start(at.saturating_add(1), at, to.map(|t| t / BLOCK_BYTES), device_depth(dev, r, block_va), DEPTH)
+                .and_then(|b| b.checked_mul(BLOCK_BYTES));
+        if start.is_some_and(|start| queue(dev, r, start)) {
+            return;
+        }
+        // A fault that asked since is served from where it asked, as `after_next` would
+        // (which of the two it called is not known: the next block may be the one it is
+        // about to fetch itself, which a chain resumed further on would leave behind).
+        match give_back(dev, r, block_va) {
+            Some(now) => (block_va, resume) = (now, false),
+            None => return,
+        }
     }
 }
 
