@@ -45,8 +45,9 @@ pub(crate) struct Env<'a> {
     pub(crate) started: Option<&'a dyn Fn()>,
     /// Called once the batch's first copy is started, under the block lock: for a batch in
     /// parts, right after its first part's driver call (before the other parts are
-    /// allocated and revoked); for a batch copied whole, just before its copies are started
-    /// (as `started`). A PREFETCH queues its helper lanes there (`moves.rs`).
+    /// allocated and revoked; not if that call failed); for a batch copied whole, just
+    /// before its copies are started (as `started`). A PREFETCH queues its helper lanes
+    /// there (`moves.rs`).
     pub(crate) head_started: Option<&'a dyn Fn()>,
 }
 
@@ -988,7 +989,7 @@ fn pipelined(
     // At most `most` boundaries: reserved above.
     let _ = ends.push_within_capacity(head_end);
     let mut res = start_part(p, &steps[..head_end], &fresh[..head_end], &mut flight);
-    if let Some(f) = env.head_started {
+    if let Some(f) = env.head_started.filter(|_| res.is_ok()) {
         f();
     }
     // The others, while it is on the link.

@@ -37,9 +37,9 @@ pub(crate) static HEAD_PAGES: AtomicU32 = AtomicU32::new(128);
 pub(crate) const HEAD_MIN: u32 = 16;
 pub(crate) const HEAD_MAX: u32 = 256;
 pub(crate) static THRASH: AtomicBool = AtomicBool::new(true);
+pub(crate) static THRASH_WINDOW_US: AtomicU32 = AtomicU32::new(500);
 /// `fail_host=`: host page allocations left until the one that fails (0: none).
 pub(crate) static FAIL_HOST: AtomicU32 = AtomicU32::new(0);
-pub(crate) static THRASH_WINDOW_US: AtomicU32 = AtomicU32::new(500);
 
 /// Thrashing parameters: UVM's (3 moves within 500 us, pin after 10 throttles, for 300
 /// windows), with the window tunable (`thrash_window_us`).
