@@ -89,6 +89,13 @@ impl Booked {
         self.iv.copy_within(gone..self.n, 0);
         self.n -= gone;
         let mut t = core::cmp::max(now, from);
+        if self.n == SLOTS {
+            // No slot to keep it apart in (even if a gap fits it): after the last
+            // reservation, which grows to cover it.
+            let last = &mut self.iv[SLOTS - 1];
+            last.1 = core::cmp::max(t, last.1).saturating_add(dur);
+            return last.1;
+        }
         // Where the new reservation goes: before the first that starts after it ends.
         let mut at = self.n;
         for (k, &(s, e)) in self.iv[..self.n].iter().enumerate() {
@@ -99,14 +106,6 @@ impl Booked {
             t = core::cmp::max(t, e);
         }
         let end = t.saturating_add(dur);
-        if self.n == SLOTS {
-            // No slot to keep it apart in (even if a gap fits it): after the last
-            // reservation, which grows to cover it.
-            let last = &mut self.iv[SLOTS - 1];
-            let t = core::cmp::max(core::cmp::max(now, from), last.1);
-            last.1 = t.saturating_add(dur);
-            return last.1;
-        }
         self.iv.copy_within(at..self.n, at + 1);
         self.iv[at] = (t, end);
         self.n += 1;
