@@ -66,7 +66,7 @@ use crate::obj::region::{Pages, Region, AHEAD_LANES, BLOCK_BYTES, BLOCK_PAGES};
 use crate::obj::space::Space;
 use crate::obj::{tune, wq};
 use crate::policy::page_state::{transition, Event, Loc, Target};
-use crate::policy::prefetch::{chain_next, chain_start, within_depth};
+use crate::policy::prefetch::{chain_next, chain_start, lane_next};
 use core::sync::atomic::{
     fence, AtomicBool,
     Ordering::{Acquire, Relaxed, Release, SeqCst},
@@ -122,23 +122,40 @@ fn ahead(lanes: &[AtomicBool; AHEAD_LANES], block_va: usize, depth: usize, mut q
     }
 }
 
-/// A lane's worker is done with the block at `block_va`: it queues the lane's next block
-/// with `queue` if `go_on` says the reader (last seen at block `at`) is within `depth`
-/// blocks of it, and otherwise gives the lane back.
+/// A lane's worker is done with the block at `block_va`: while `go_on()` holds, it queues
+/// with `queue` the lane's next block for the reader last seen at `at()`
+/// (`policy::prefetch::lane_next`: the lane's first block after both, within `depth`), and
+/// otherwise gives the lane back. A fault that asked meanwhile found the lane taken and
+/// only moved the reader on (`home_after`): once the lane is free, the reader is looked
+/// up again, and if it moved, the lane is taken again (unless that fault's own request
+/// took it) and the choice made again from there.
 fn lane_done(
     lanes: &[AtomicBool; AHEAD_LANES],
     block_va: usize,
-    (at, depth): (usize, usize),
-    go_on: bool,
-    queue: impl FnOnce(usize) -> bool,
+    depth: usize,
+    at: impl Fn() -> usize,
+    go_on: impl Fn() -> bool,
+    mut queue: impl FnMut(usize) -> bool,
 ) {
-    let next = lanes.len().checked_mul(BLOCK_BYTES).and_then(|d| block_va.checked_add(d));
-    if let Some(next) = next.filter(|&n| go_on && within_depth(n / BLOCK_BYTES, at / BLOCK_BYTES, depth)) {
-        if queue(next) {
+    let flag = lane(lanes, block_va);
+    let mut seen = at();
+    loop {
+        let next = lane_next(block_va / BLOCK_BYTES, seen / BLOCK_BYTES, lanes.len(), depth)
+            .and_then(|b| b.checked_mul(BLOCK_BYTES));
+        if next.is_some_and(|next| go_on() && queue(next)) {
             return;
         }
+        flag.store(false, Release);
+        // Pairs with the fence in `home_after`: either its fault finds the lane free, or
+        // this sees its `cpu_at` (a store then a load on each side, which may otherwise
+        // pass each other).
+        fence(SeqCst);
+        let now = at();
+        if now == seen || flag.compare_exchange(false, true, Acquire, Relaxed).is_err() {
+            return;
+        }
+        seen = now;
     }
-    lane(lanes, block_va).store(false, Release);
 }
 
 /// One queued read-ahead: the block at `block_va` of `region`, for `dev`.
@@ -425,8 +442,14 @@ impl WorkItem for HomeAhead {
     fn run(this: Arc<HomeAhead>) {
         this.fetch();
         let r = &this.region;
-        let go_on = tune::READAHEAD.load(Relaxed) && !r.is_dead();
-        lane_done(&r.homing_ahead, this.block_va, (r.cpu_at.load(Relaxed), DEPTH), go_on, |next| queue_home(r, next));
+        lane_done(
+            &r.homing_ahead,
+            this.block_va,
+            DEPTH,
+            || r.cpu_at.load(Relaxed),
+            || tune::READAHEAD.load(Relaxed) && !r.is_dead(),
+            |next| queue_home(r, next),
+        );
     }
 }
 
@@ -439,6 +462,8 @@ pub(crate) fn home_after(r: &Arc<Region>, block_va: usize) {
     if !tune::READAHEAD.load(Relaxed) {
         return;
     }
+    // Pairs with the fence in `lane_done` (see there).
+    fence(SeqCst);
     ahead(&r.homing_ahead, block_va, DEPTH, |next| queue_home(r, next));
 }
 

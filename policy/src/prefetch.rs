@@ -144,6 +144,23 @@ pub fn chain_next(done: usize, at: usize, depth: usize) -> Option<usize> {
     within_depth(next, at, depth).then_some(next)
 }
 
+/// Read-ahead home's lanes (`gmem/mech/readahead.rs`): `lanes` lanes take turns on
+/// consecutive blocks (block `b` on lane `b % lanes`). The block the lane that fetched
+/// block `done` fetches next, for a reader last seen at block `at`, reading ahead `depth`
+/// blocks: the lane's first block after both `done` and `at` (normally `done + lanes`; a
+/// reader that went past the lane takes it to the lane's block in the reader's window);
+/// `None` if that lies beyond the depth (the lane stops; a later fault starts it again).
+pub fn lane_next(done: usize, at: usize, lanes: usize, depth: usize) -> Option<usize> {
+    if lanes == 0 {
+        return None;
+    }
+    let from = done.max(at).checked_add(1)?;
+    // From `from` up to the lane's residue (both below `lanes`).
+    let step = (done % lanes + lanes - from % lanes) % lanes;
+    let next = from.checked_add(step)?;
+    within_depth(next, at, depth).then_some(next)
+}
+
 /// Where a chain asked for by a fault at block `at` starts: at `from` (normally `at + 1`),
 /// or at `to`, the block after the last one the chain queued in the same stream (`None`:
 /// another region), if that is further on: the blocks before it were queued already.
@@ -444,6 +461,22 @@ mod tests {
     }
 
     #[test]
+    fn lane_goes_on_to_its_block_in_the_readers_window() {
+        // Three lanes, reader at 10, depth 3: lane of 8 goes on to 11, of 10 to 13.
+        assert_eq!(lane_next(8, 10, 3, 3), Some(11));
+        assert_eq!(lane_next(10, 10, 3, 3), Some(13));
+        // Lane of 11 would go to 14: beyond the depth.
+        assert_eq!(lane_next(11, 10, 3, 3), None);
+        // The reader jumped from the lane's block 2 to 20: the lane's block there is 23.
+        assert_eq!(lane_next(2, 20, 3, 3), Some(23));
+        assert_eq!(lane_next(1, 20, 3, 3), Some(22));
+        // A reader never seen (`usize::MAX`), no lanes, overflow: nothing.
+        assert_eq!(lane_next(2, usize::MAX, 3, 3), None);
+        assert_eq!(lane_next(2, 1, 0, 3), None);
+        assert_eq!(lane_next(usize::MAX, 0, 3, 3), None);
+    }
+
+    #[test]
     fn chain_starts_where_it_stopped_unless_stale() {
         // No earlier chain in this region: the next block.
         assert_eq!(chain_start(11, 10, None, 3, 3), Some(11));
@@ -491,6 +524,17 @@ mod tests {
         fn accuracy_stays_in_range(v in 0u32..=u32::MAX, used in 0u64..200, wasted in 0u64..200) {
             let a = super::Accuracy(v).settle(used, wasted);
             proptest::prop_assert!(a.0 <= super::Accuracy::ONE);
+        }
+
+        /// The lane's next block is on the lane, after both its last block and the reader's,
+        /// within the depth, and the first such block; `None` only when there is none.
+        #[test]
+        fn lane_next_is_the_lanes_first_block_in_the_window(
+            done in 0usize..200, at in 0usize..200, lanes in 1usize..6, depth in 0usize..8
+        ) {
+            let on_lane = |b: usize| b % lanes == done % lanes && b > done.max(at) && super::within_depth(b, at, depth);
+            let first = (done.max(at) + 1..=at + depth).find(|&b| on_lane(b));
+            proptest::prop_assert_eq!(super::lane_next(done, at, lanes, depth), first);
         }
 
         /// A block behind the stream is two or more blocks before the reader's, never in
