@@ -511,6 +511,11 @@ impl SimFile {
             if !sim_link::valid(&l.mbps, l.latency_ns) {
                 return Err(EINVAL);
             }
+            // An unplugged device's links are no longer gmem's to know: refused before
+            // anything changes (else the model would change and the ioctl still fail).
+            if self.dev.reg.is_unplugged() {
+                return Err(ENODEV);
+            }
             // The channels' queues first, then the paths: a copy started in between books
             // from now, among the old paths' reservations, which `set` then drops.
             self.dev.reg.data().channels.reset_bookings();

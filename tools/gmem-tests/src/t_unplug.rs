@@ -414,6 +414,32 @@ fn unplug_brings_migrated_memory_back() -> TestResult {
     after_unplug(res, "will not move back")
 }
 
+/// `GMEM_SIM_IOC_LINK` with `GMEM_SIM_LINK_SET` on a device unplugged through
+/// `GMEM_SIM_IOC_UNPLUG` fails with `ENODEV` and changes nothing; reading the model still
+/// works. (It used to change the model and then fail.)
+fn link_set_after_unplug_changes_nothing() -> TestResult {
+    let r = (|| -> TestResult {
+        let s = Sim::open(1).map_err(|e| e.to_string())?;
+        let before = ok!(s.set_link([500, 600, 0], 0));
+        ok!(s.unplug());
+        match s.set_link([100, 100, 0], 0) {
+            Err(Errno(libc::ENODEV)) => {}
+            other => return Err(format!("LINK_SET after unplug: {other:?}, expected ENODEV")),
+        }
+        let after = ok!(s.link());
+        ensure!(
+            after.mbps == before.mbps,
+            "model changed by a refused LINK_SET: {:?} -> {:?}",
+            before.mbps,
+            after.mbps
+        );
+        Ok(())
+    })();
+    let _ = sh("rmmod gmem_sim 2>/dev/null");
+    sh(INSMOD)?;
+    r
+}
+
 pub fn tests() -> Vec<Test> {
     vec![
         Test {
@@ -425,5 +451,6 @@ pub fn tests() -> Vec<Test> {
         Test { name: "rmmod_with_copies_in_flight", f: rmmod_with_copies_in_flight },
         Test { name: "unplug_forgets_mirrored_memory", f: unplug_forgets_mirrored_memory },
         Test { name: "unplug_brings_migrated_memory_back", f: unplug_brings_migrated_memory_back },
+        Test { name: "link_set_after_unplug_changes_nothing", f: link_set_after_unplug_changes_nothing },
     ]
 }
