@@ -577,8 +577,15 @@ impl_has_work! {
     impl HasWork<Self> for Device { self.work }
 }
 
+/// How a device's per-frame arrays are allocated. A driver may report any number of frames
+/// up to `u32::MAX`: an array larger than kvmalloc takes (`INT_MAX` bytes) fails the
+/// registration with `ENOMEM`, without the allocator's warning.
+fn frame_arrays() -> kernel::alloc::Flags {
+    GFP_KERNEL | kernel::alloc::flags::__GFP_NOWARN
+}
+
 fn filled<T: Clone>(n: usize, v: T) -> Result<KVVec<T>> {
-    let mut out = KVVec::with_capacity(n, GFP_KERNEL)?;
+    let mut out = KVVec::with_capacity(n, frame_arrays())?;
     for _ in 0..n {
         out.push(v.clone(), GFP_KERNEL)?;
     }
@@ -588,17 +595,18 @@ fn filled<T: Clone>(n: usize, v: T) -> Result<KVVec<T>> {
 impl Device {
     pub(crate) fn new(id: usize, drv: CDriver, nr_frames: u64) -> Result<Arc<Device>> {
         let n = usize::try_from(nr_frames).map_err(|_| EINVAL)?;
-        let bits = filled(FrameMap::words_for(nr_frames), 0u64)?;
-        let flags = filled(n, 0u8)?;
-        let mut owner = KVVec::with_capacity(n, GFP_KERNEL)?;
-        let mut charges = KVVec::with_capacity(n, GFP_KERNEL)?;
+        // The largest arrays first: a device too large fails before anything is taken.
+        let mut owner = KVVec::with_capacity(n, frame_arrays())?;
+        let mut charges = KVVec::with_capacity(n, frame_arrays())?;
         for _ in 0..n {
             owner.push(None, GFP_KERNEL)?;
             charges.push(Charge::NONE, GFP_KERNEL)?;
         }
+        let bits = filled(FrameMap::words_for(nr_frames), 0u64)?;
+        let flags = filled(n, 0u8)?;
         let (low, high) = order::default_watermarks(nr_frames);
         let region = dmem::Region::new(id, nr_frames);
-        let mut rel = KVVec::with_capacity(FrameMap::words_for(nr_frames), GFP_KERNEL)?;
+        let mut rel = KVVec::with_capacity(FrameMap::words_for(nr_frames), frame_arrays())?;
         for _ in 0..FrameMap::words_for(nr_frames) {
             rel.push(AtomicU64::new(0), GFP_KERNEL)?;
         }

@@ -184,6 +184,13 @@ mod tests {
     }
 
     #[test]
+    fn a_device_too_large_for_its_frame_arrays_is_refused_quietly() {
+        // 2^28 frames (1 TiB): the owner array alone is over kvmalloc's INT_MAX bytes.
+        // ENOMEM, and no allocator warning on the console (which the harness would fail).
+        assert_eq!(Device::new(102, test_driver(), 1 << 28).err(), Some(ENOMEM));
+    }
+
+    #[test]
     fn parking_promises_share_the_room_above_the_reserve() {
         let a = Device::new(101, test_driver(), 64).expect("device");
         a.set_watermarks(4, 16);
