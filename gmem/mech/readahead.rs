@@ -259,8 +259,14 @@ fn start_chain(dev: &Arc<Device>, r: &Arc<Region>, block_va: usize, resume: bool
     dev.stream_at.store(block_va, Relaxed);
     dev.stream_asked_ns.store(crate::obj::sched::now_ns(), Relaxed);
     let same = dev.stream_of.swap(region_id(r), Relaxed) == region_id(r);
-    // Pairs with the fence in `give_back` (see there).
+    // Pairs with the fence in `give_back` (see there), and with the one in
+    // `Device::forget_stream`: either the region's teardown sees it named here and forgets
+    // it, or this sees it dead (a later region at the same address must not inherit it).
     fence(SeqCst);
+    if r.is_dead() {
+        dev.forget_stream(r);
+        return;
+    }
     if dev.ahead_token.compare_exchange(false, true, Acquire, Relaxed).is_err() {
         return;
     }

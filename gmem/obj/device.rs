@@ -1237,7 +1237,11 @@ impl Device {
 
     /// `r` is being torn down: the stream the device follows is no longer in it. (A later
     /// `Region` allocated at the same address must not inherit its reader.)
+    /// Called after `r` was marked dead; the fence pairs with the one in
+    /// `readahead::start_chain`, which names the region and then checks that it is not
+    /// dead (a store then a load on each side, which may otherwise pass each other).
     pub(crate) fn forget_stream(&self, r: &Arc<Region>) {
+        core::sync::atomic::fence(Ordering::SeqCst);
         let _ = self.stream_of.compare_exchange(Self::stream_id(r), 0, Ordering::Relaxed, Ordering::Relaxed);
     }
 
