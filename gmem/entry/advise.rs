@@ -168,21 +168,24 @@ fn location_hint(
     })
 }
 
+/// The device `a` names, for advice on ordinary process memory: `EOPNOTSUPP` for one whose
+/// driver has no `map_prepare` (it cannot map the process's own pages).
+fn sysmem_dev(a: &Advice) -> Result<Arc<Device>> {
+    let dev = devices::get(usize::from(device_id(a.dev)?)).ok_or(ENODEV)?;
+    if dev.maps_sysmem() {
+        Ok(dev)
+    } else {
+        Err(EOPNOTSUPP)
+    }
+}
+
 /// Advice on ordinary process memory, `[start, end)` (page aligned, its first page in no
 /// region but in a mapping gmem mirrors): a PREFETCH to a device migrates what can move
 /// into its memory and maps the range there, one to the host brings migrated pages back;
 /// PREFERRED_LOC and ACCESSED_BY are recorded for the space and steer its device faults
 /// there (mech/sysmem.rs).
 fn sysmem_advise(space: &Space, a: &Advice, start: u64, end: u64, cancel: Option<&Arc<AtomicBool>>) -> Result {
-    // A device whose driver has no `map_prepare` cannot map the process's own pages.
-    let dev = || -> Result<Arc<Device>> {
-        let dev = devices::get(usize::from(device_id(a.dev)?)).ok_or(ENODEV)?;
-        if dev.maps_sysmem() {
-            Ok(dev)
-        } else {
-            Err(EOPNOTSUPP)
-        }
-    };
+    let dev = || sysmem_dev(a);
     let r = PageRange { first: start / 4096, count: (end - start) / 4096 };
     // Device ids fit in 8 bits (`device_id`).
     if let Some(res) = location_hint(&space.sysmem_advice, r, a, || dev().map(|d| d.id as u8)) {
@@ -274,6 +277,8 @@ pub(crate) fn check_range(space: &Space, a: &Advice) -> Result {
     // Ordinary memory: its first page was found mapped (the rest is checked as the
     // prefetch goes).
     match sysmem_range(space, a)? {
+        // A device that cannot map it fails here, not at the WAIT.
+        Some(_) if a.advice == PREFETCH && a.dev != HOST => sysmem_dev(a).map(|_| ()),
         Some(_) => Ok(()),
         None => locate(space, a).map(|_| ()),
     }

@@ -234,7 +234,21 @@ impl GmemFile {
                 id
             };
             // With no lock held (the struct may lie in a GMEM region and fault).
-            w.write(&a)
+            let written = w.write(&a);
+            if written.is_err() {
+                // Nobody learnt the fence's id: it is stopped and forgotten, as at close,
+                // and frees its place under the limit.
+                let f = {
+                    let mut fences = self.fences.lock();
+                    let i = fences.list.iter().position(|f| f.id == a.fence);
+                    i.and_then(|i| fences.list.remove(i).ok())
+                };
+                if let Some(f) = f {
+                    f.cancel();
+                    let _ = f.wait();
+                }
+            }
+            written
         } else {
             // Written back before the advice runs: the argument struct may lie in the very
             // range being pinned or moved, and must not be reached through it afterwards.
@@ -278,6 +292,8 @@ impl GmemFile {
             return Err(EINVAL);
         }
         let mut out = KVVec::with_capacity(n, GFP_KERNEL)?;
+        // Set from the first page's block below if that exists; an untouched one has none.
+        q.dup_mask = 0;
         // Block by block; untouched blocks are never touched pages (and stay unallocated).
         let mut i = first;
         while i < first + n {

@@ -99,7 +99,73 @@ fn query_bad_arguments() -> TestResult {
     expect_errno!(g.ioctl(GMEM_IOC_QUERY, &mut q), libc::E2BIG);
     let mut q = GmemQuery { argsz: argsz::<GmemQuery>(), addr: r.addr, npages: 4, states: 16, ..Default::default() };
     expect_errno!(g.ioctl(GMEM_IOC_QUERY, &mut q), libc::EFAULT);
+    // `dup_mask` is an output: an untouched first page has no duplicates, whatever the
+    // caller passed in (it used to come back unchanged).
+    let mut states = [0u32; 4];
+    let mut q = GmemQuery {
+        argsz: argsz::<GmemQuery>(),
+        addr: r.addr,
+        npages: 4,
+        states: states.as_mut_ptr() as u64,
+        dup_mask: 0xdead,
+        ..Default::default()
+    };
+    ok!(g.ioctl(GMEM_IOC_QUERY, &mut q));
+    ensure!(q.dup_mask == 0, "QUERY of an untouched page returned dup_mask {:#x}", q.dup_mask);
     Ok(())
+}
+
+/// An ASYNC PREFETCH whose argument can be read but not written back (read-only memory)
+/// fails with `EFAULT` and leaves no fence behind: more of them than the limit of 256
+/// outstanding fences, and a good one after them still gets its fence (it used to get
+/// `EBUSY`: each failed call kept an unreachable fence until close).
+fn advise_async_unwritable_argument_leaves_no_fence() -> TestResult {
+    let (g, _) = open()?;
+    let r = ok!(g.alloc(4096));
+    words(&r)[0] = 7;
+    // SAFETY: a fresh anonymous page, made read-only below and unmapped at the end.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    ensure!(p != libc::MAP_FAILED, "mmap failed");
+    let arg = p as *mut GmemAdvise;
+    let a = GmemAdvise {
+        argsz: argsz::<GmemAdvise>(),
+        advice: GMEM_ADV_PREFETCH,
+        addr: r.addr,
+        len: 4096,
+        dev: 0,
+        flags: GMEM_ADVF_ASYNC,
+        ..Default::default()
+    };
+    let res = (|| -> TestResult {
+        // SAFETY: the page is ours and writable until the mprotect.
+        unsafe { arg.write(a) };
+        // SAFETY: our own mapping.
+        ensure!(unsafe { libc::mprotect(p, 4096, libc::PROT_READ) } == 0, "mprotect failed");
+        for k in 0..300 {
+            // SAFETY: the kernel reads the argument (readable) and fails to write it back;
+            // nothing here writes through the pointer.
+            match g.ioctl(GMEM_IOC_ADVISE, unsafe { &mut *arg }) {
+                Err(Errno(libc::EFAULT)) => {}
+                other => return Err(format!("call {k}: {other:?}, expected EFAULT")),
+            }
+        }
+        let f = ok!(g.advise(r.addr, 4096, GMEM_ADV_PREFETCH, 0, GMEM_ADVF_ASYNC));
+        ok!(g.wait(f));
+        ensure!(words(&r)[0] == 7, "data changed");
+        Ok(())
+    })();
+    // SAFETY: our own mapping, no reference into it left.
+    unsafe { libc::munmap(p, 4096) };
+    res
 }
 
 fn sim_launch_bad_arguments() -> TestResult {
@@ -276,6 +342,10 @@ pub fn tests() -> Vec<Test> {
         Test { name: "free_bad_arguments", f: free_bad_arguments },
         Test { name: "advise_bad_arguments", f: advise_bad_arguments },
         Test { name: "query_bad_arguments", f: query_bad_arguments },
+        Test {
+            name: "advise_async_unwritable_argument_leaves_no_fence",
+            f: advise_async_unwritable_argument_leaves_no_fence,
+        },
         Test { name: "sim_launch_bad_arguments", f: sim_launch_bad_arguments },
         Test { name: "sim_launch_is_killable", f: sim_launch_is_killable },
         Test { name: "sim_launch_ranges_near_2_64", f: sim_launch_ranges_near_2_64 },

@@ -5,8 +5,9 @@
 //! data both ways, read-only mappings, munmap, fork with COW, file mappings, THP, exit,
 //! and device access racing munmap.
 
-use crate::harness::{open, Test, TestResult};
+use crate::harness::{open, sh, Test, TestResult};
 use crate::{ensure, expect_errno, ok};
+use libgmem::csample::CSample;
 use libgmem::sim::{checksum, Sim};
 use libgmem::{GMEM_ADVF_ASYNC, GMEM_ADV_PREFETCH, GMEM_HOST, GMEM_Q_REMOTE};
 use std::os::unix::fs::FileExt;
@@ -443,6 +444,34 @@ fn sysmem_prefetch_maps_ahead() -> TestResult {
     Ok(())
 }
 
+/// PREFETCH of ordinary memory to a device whose driver cannot map the process's own pages
+/// (the C sample driver has no `map_prepare`) fails with `EOPNOTSUPP` at once, ASYNC too:
+/// no fence is created (it used to fail only at the WAIT).
+fn sysmem_prefetch_to_a_device_that_cannot_map_fails_at_once() -> TestResult {
+    let loaded = std::path::Path::new("/sys/module/gmem_csample").exists();
+    if !loaded {
+        sh("insmod /lib/gmem/gmem_csample.ko nr_devices=1 mem_kib=1024")?;
+    }
+    let r = (|| -> TestResult {
+        let cs = CSample::open(0).map_err(|e| e.to_string())?;
+        let id = ok!(cs.info()).gmem_id as i32;
+        let (g, _) = open()?;
+        let m = Anon::new(PAGE, libc::PROT_READ | libc::PROT_WRITE)?;
+        m.words()[0] = 1;
+        expect_errno!(g.advise(m.addr, PAGE as u64, GMEM_ADV_PREFETCH, id, GMEM_ADVF_ASYNC), libc::EOPNOTSUPP);
+        expect_errno!(g.advise(m.addr, PAGE as u64, GMEM_ADV_PREFETCH, id, 0), libc::EOPNOTSUPP);
+        // To the host it is fine, ASYNC too.
+        let f = ok!(g.advise(m.addr, PAGE as u64, GMEM_ADV_PREFETCH, GMEM_HOST, GMEM_ADVF_ASYNC));
+        ok!(g.wait(f));
+        ensure!(m.words()[0] == 1, "data changed");
+        Ok(())
+    })();
+    if !loaded {
+        sh("rmmod gmem_csample")?;
+    }
+    r
+}
+
 pub fn tests() -> Vec<Test> {
     vec![
         Test { name: "sysmem_malloc_buffer_both_ways", f: sysmem_malloc_buffer_both_ways },
@@ -457,5 +486,9 @@ pub fn tests() -> Vec<Test> {
         Test { name: "sysmem_refill_faults_nothing", f: sysmem_refill_faults_nothing },
         Test { name: "sysmem_query_reports_residency", f: sysmem_query_reports_residency },
         Test { name: "sysmem_prefetch_maps_ahead", f: sysmem_prefetch_maps_ahead },
+        Test {
+            name: "sysmem_prefetch_to_a_device_that_cannot_map_fails_at_once",
+            f: sysmem_prefetch_to_a_device_that_cannot_map_fails_at_once,
+        },
     ]
 }
