@@ -12,7 +12,7 @@ use crate::obj::device::Device;
 use crate::obj::devices;
 use crate::obj::mirror;
 use crate::obj::region::{adv, Region, ADVICE_RUNS};
-use crate::obj::space::Space;
+use crate::obj::space::{SerialJob, Space};
 use crate::policy::page_state::{Event, Target};
 use crate::policy::range::{self, AdviceMap, PageRange, RangeError};
 use core::sync::atomic::{AtomicBool, Ordering};
@@ -223,15 +223,21 @@ impl_has_work! {
 impl WorkItem for Fence {
     type Pointer = Arc<Fence>;
 
+    /// The work item of the fence that found no worker running its space's fences: it
+    /// runs them all, this one among them, one at a time in the order queued.
     fn run(this: Arc<Fence>) {
-        // One fence of a space at a time (see `Space::fence_lock`).
-        let _one = this.space.fence_lock.lock();
-        let r = match advise_until(&this.space, &this.advice, Some(&this.cancelled)) {
+        this.space.run_serial();
+    }
+}
+
+impl SerialJob for Fence {
+    fn run_job(&self) {
+        let r = match advise_until(&self.space, &self.advice, Some(&self.cancelled)) {
             Ok(()) => 0,
             Err(e) => e.to_errno(),
         };
-        *this.result.lock() = Some(r);
-        this.done.complete_all();
+        *self.result.lock() = Some(r);
+        self.done.complete_all();
     }
 }
 
@@ -251,9 +257,11 @@ impl Fence {
             }),
             GFP_KERNEL,
         )?;
-        // A fresh work item cannot be queued already.
         let q = crate::obj::wq::get().ok_or(ENODEV)?;
-        let _ = q.enqueue(f.clone());
+        if f.space.queue_serial(f.clone())? {
+            // A fresh work item cannot be queued already.
+            let _ = q.enqueue(f.clone());
+        }
         Ok(f)
     }
 

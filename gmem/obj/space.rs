@@ -62,13 +62,16 @@ pub(crate) struct Space {
     /// Recently migrated pages, for thrashing detection (a leaf lock).
     #[pin]
     pub(crate) thrash: Mutex<Thrash>,
-    /// Held by an asynchronous prefetch for its whole run: the space's fences run one at a
-    /// time. Besides bounding the work queued for one process, this is what lets an exiting
+    /// The space's asynchronous prefetches (fences), run one at a time in the order queued
+    /// by one worker ([`Space::queue_serial`]). Besides bounding the work queued for one
+    /// process (however many fences it queues, through however many files, it takes one
+    /// of gmem's workers, and never parks others on a lock), this is what lets an exiting
     /// process's address space go: a fence holds the mm's users only within a chunk, and
     /// with one fence at a time there are moments when no fence holds them, so the last
-    /// `mmput` (and `exit_mmap`) happens and later chunks fail. Taken with nothing held.
+    /// `mmput` (and `exit_mmap`) happens and later chunks fail. A leaf: no job runs
+    /// under it.
     #[pin]
-    pub(crate) fence_lock: Mutex<()>,
+    serial: Mutex<Serial>,
     /// What devices map of the process's ordinary memory (obj/mirror.rs).
     #[pin]
     pub(crate) mirror: Mutex<MirrorState>,
@@ -192,7 +195,7 @@ pub(crate) fn open(mm: &Mm) -> Result<Arc<Space>> {
             regions <- MapleTree::new(),
             ctxs <- new_mutex!([const { None }; MAX_DEVICES], "gmem_space_ctxs"),
             thrash <- new_mutex!(Thrash { recent: RecentMoves::new(), table: ThrashTable::new() }, "gmem_space_thrash"),
-            fence_lock <- new_mutex!((), "gmem_space_fences"),
+            serial <- new_mutex!(Serial { queue: KVec::new(), running: false }, "gmem_space_serial"),
             mirror <- new_mutex!(MirrorState::new(), "gmem_mirror"),
             notifiers <- new_mutex!(RBTree::new(), "gmem_mirror_notifiers"),
             sysmem_advice <- new_mutex!(AdviceMap::new(), "gmem_sysmem_advice"),
@@ -235,7 +238,51 @@ pub(crate) fn all() -> Result<KVec<Arc<Space>>> {
     Ok(v)
 }
 
+/// Work a space runs one item at a time, in the order queued ([`Space::queue_serial`]):
+/// its asynchronous prefetches.
+pub(crate) trait SerialJob: Send + Sync {
+    /// Runs the job, on a worker of gmem's workqueue, with nothing held.
+    fn run_job(&self);
+}
+
+/// A space's queued [`SerialJob`]s, and whether a worker is running them.
+///
+/// Lifetimes: a queued job may hold the space (a fence does); the cycle lasts until the
+/// job is taken off the queue to run, and the worker that runs the queue runs it to the end.
+pub(crate) struct Serial {
+    queue: KVec<Arc<dyn SerialJob>>,
+    running: bool,
+}
+
 impl Space {
+    /// Queues `job` behind the space's other serial jobs. Returns true if no worker is
+    /// running them: the caller must then call [`Space::run_serial`] from a worker of its
+    /// own (queued on gmem's workqueue), or the queue stalls.
+    pub(crate) fn queue_serial(&self, job: Arc<dyn SerialJob>) -> Result<bool> {
+        let mut s = self.serial.lock();
+        s.queue.push(job, GFP_KERNEL)?;
+        Ok(!core::mem::replace(&mut s.running, true))
+    }
+
+    /// Runs the space's serial jobs in the order queued until none is left (the next
+    /// [`Space::queue_serial`] then asks for a worker again).
+    pub(crate) fn run_serial(&self) {
+        loop {
+            let job = {
+                let mut s = self.serial.lock();
+                match s.queue.remove(0) {
+                    Ok(job) => job,
+                    // Empty.
+                    Err(_) => {
+                        s.running = false;
+                        return;
+                    }
+                }
+            };
+            job.run_job();
+        }
+    }
+
     /// True if the calling task runs in this space's `mm`.
     pub(crate) fn is_current(&self) -> bool {
         let task = kernel::current!();

@@ -84,6 +84,61 @@ fn async_prefetch_and_wait() -> TestResult {
     Ok(())
 }
 
+/// The fences of one process run one at a time in the order queued, through all its open
+/// files (user-api.rst): alternating PREFETCHes of one range to the device and home,
+/// queued through two files, leave it where the last one sent it, data intact; and a
+/// process queueing more fences than one file may hold (three files, 600 fences) gets
+/// them all done.
+fn async_fences_run_in_order_across_files() -> TestResult {
+    let (g, s) = open()?;
+    let g2 = Gmem::open().map_err(|e| e.to_string())?;
+    let g3 = Gmem::open().map_err(|e| e.to_string())?;
+    let r = ok!(g.alloc(MIB));
+    let sum = pattern(&r, 9);
+    for round in 0..3 {
+        let mut fences = Vec::new();
+        for k in 0..20 {
+            // Even: to the device, through `g`; odd: home, through `g2`; the last is odd
+            // in round 0 and even after.
+            let (file, to) = if (k + round) % 2 == 0 { (&g, 0) } else { (&g2, GMEM_HOST) };
+            let len = r.len as u64 >> (k % 3);
+            fences.push((file, ok!(file.advise(r.addr, len, GMEM_ADV_PREFETCH, to, GMEM_ADVF_ASYNC))));
+        }
+        for (file, f) in fences {
+            ok!(file.wait(f));
+        }
+        // The last fence (k = 19) moved the whole range ((19 % 3) = 1: half of it; the one
+        // before, k = 18, the whole range the other way): so the first half is where k = 19
+        // sent it, the second half where k = 18 did.
+        let (last, before) =
+            if (19 + round) % 2 == 0 { (GMEM_LOC_DEVICE, GMEM_LOC_HOST) } else { (GMEM_LOC_HOST, GMEM_LOC_DEVICE) };
+        let q = ok!(r.query());
+        let half = q.len() / 2;
+        ensure!(
+            q[..half].iter().all(|&w| q_loc(w) == last) && q[half..].iter().all(|&w| q_loc(w) == before),
+            "round {round}: not where the last fences sent it: {:#x} .. {:#x}",
+            q[0],
+            q[q.len() - 1]
+        );
+    }
+    ensure!(ok!(s.checksum(r.addr, r.len as u64)).result == sum, "data wrong after the fences");
+    // More than one file's limit of 256, through three files: all complete.
+    let mut fences = Vec::new();
+    for k in 0..600 {
+        let file = [&g, &g2, &g3][k % 3];
+        let to = if k % 2 == 0 { 0 } else { GMEM_HOST };
+        fences.push((
+            file,
+            ok!(file.advise(r.addr + (k as u64 % 256) * 4096, 4096, GMEM_ADV_PREFETCH, to, GMEM_ADVF_ASYNC)),
+        ));
+    }
+    for (file, f) in fences {
+        ok!(file.wait(f));
+    }
+    ensure!(checksum(words(&r)) == sum, "data wrong after 600 fences");
+    Ok(())
+}
+
 fn preferred_location_host_maps_remotely() -> TestResult {
     let (g, s) = open()?;
     let r = ok!(g.alloc(MIB));
@@ -200,6 +255,7 @@ pub fn tests() -> Vec<Test> {
     vec![
         Test { name: "prefetch_to_device_and_back", f: prefetch_to_device_and_back },
         Test { name: "async_prefetch_and_wait", f: async_prefetch_and_wait },
+        Test { name: "async_fences_run_in_order_across_files", f: async_fences_run_in_order_across_files },
         Test { name: "preferred_location_host_maps_remotely", f: preferred_location_host_maps_remotely },
         Test { name: "accessed_by_maps_remotely", f: accessed_by_maps_remotely },
         Test { name: "read_mostly_duplicates_then_write_collapses", f: read_mostly_duplicates_then_write_collapses },
