@@ -116,12 +116,13 @@ static struct vm_area_struct *gmem_dpriv_vma(struct mm_struct *mm, unsigned long
  * (placed for @vma at @start + i pages if @vma is given; allocated with __GFP_NOFAIL if
  * @nofail), holding the frame's data copied by the driver. A page that gets no host page,
  * or whose copy failed, gets dst 0 and stays on the device. Returns how many were filled,
- * or -EIO if the copy failed (none is then).
+ * or the copy's negative errno if it failed (none is filled then).
  */
 static long gmem_dpriv_fill_back(struct gmem_dpriv *d, struct gmem_dpriv_back *b, unsigned long n,
 				 struct vm_area_struct *vma, unsigned long start, bool nofail)
 {
 	unsigned long i, k = 0;
+	int err;
 
 	for (i = 0; i < n; i++) {
 		struct page *sp = migrate_pfn_to_page(b->src[i]);
@@ -139,7 +140,8 @@ static long gmem_dpriv_fill_back(struct gmem_dpriv *d, struct gmem_dpriv_back *b
 		b->frames[k] = page_to_pfn(sp) - d->base_pfn;
 		b->pages[k++] = hp;
 	}
-	if (k && gmem_dpriv_copy_back(d->owner, b->frames, b->pages, k)) {
+	err = k ? gmem_dpriv_copy_back(d->owner, b->frames, b->pages, k) : 0;
+	if (err) {
 		for (i = 0; i < n; i++) {
 			struct page *hp = migrate_pfn_to_page(b->dst[i]);
 
@@ -149,7 +151,7 @@ static long gmem_dpriv_fill_back(struct gmem_dpriv *d, struct gmem_dpriv_back *b
 				b->dst[i] = 0;
 			}
 		}
-		return -EIO;
+		return err;
 	}
 	return k;
 }
@@ -188,11 +190,19 @@ static vm_fault_t gmem_dpriv_migrate_to_ram(struct vm_fault *vmf)
 	}
 	filled = gmem_dpriv_fill_back(d, b, args.npages, vma, args.start, false);
 	/*
-	 * The faulting page was selected but could not come back: the access cannot proceed
-	 * (the device failed to copy it, or no host page was free).
+	 * The faulting page was selected but could not come back (its data stays on the
+	 * device): no host page was free, or the copy failed. A copy that failed for lack of
+	 * memory is an OOM, one the driver asks to retry (EAGAIN, EBUSY) is retried by the
+	 * access faulting again; any other failure ends the access (SIGBUS).
 	 */
-	if ((b->src[at] & MIGRATE_PFN_MIGRATE) && !b->dst[at])
-		ret = filled < 0 ? VM_FAULT_SIGBUS : VM_FAULT_OOM;
+	if ((b->src[at] & MIGRATE_PFN_MIGRATE) && !b->dst[at]) {
+		if (filled >= 0 || filled == -ENOMEM)
+			ret = VM_FAULT_OOM;
+		else if (filled == -EAGAIN || filled == -EBUSY)
+			ret = 0;
+		else
+			ret = VM_FAULT_SIGBUS;
+	}
 	migrate_vma_pages(&args);
 	migrate_vma_finalize(&args);
 	kvfree(b);
@@ -215,12 +225,21 @@ struct gmem_dpriv *gmem_dpriv_new(unsigned long nframes, unsigned long *base_pfn
 	struct resource *res;
 	void *p;
 
-	if (!nframes || nframes > (ULONG_MAX >> PAGE_SHIFT) / 2)
+	/*
+	 * Memory hotplug takes whole subsections (2 MiB; sections without
+	 * SPARSEMEM_VMEMMAP) and WARNs on anything else: the span is rounded up, and the
+	 * pages past @nframes are never handed out (every user checks against d->nframes).
+	 */
+	unsigned long align = IS_ENABLED(CONFIG_SPARSEMEM_VMEMMAP) ? PAGES_PER_SUBSECTION : PAGES_PER_SECTION;
+	unsigned long span;
+
+	if (!nframes || nframes > (ULONG_MAX >> PAGE_SHIFT) / 4)
 		return ERR_PTR(-EINVAL);
+	span = ALIGN(nframes, align);
 	d = kzalloc(sizeof(*d), GFP_KERNEL);
 	if (!d)
 		return ERR_PTR(-ENOMEM);
-	res = request_free_mem_region(&iomem_resource, nframes << PAGE_SHIFT, "gmem");
+	res = request_free_mem_region(&iomem_resource, span << PAGE_SHIFT, "gmem");
 	if (IS_ERR_OR_NULL(res)) {
 		kfree(d);
 		return res ? ERR_CAST(res) : ERR_PTR(-ENOMEM);

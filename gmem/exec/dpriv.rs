@@ -5,7 +5,8 @@
 //! cgroup, and are marked `F_SYSMEM`, so that eviction treats them like any other frame.
 //!
 //! - To the device ([`to_device`]): `migrate_vma_setup` collects a block's movable pages
-//!   (anonymous private memory; file pages, shared COW pages and busy pages stay), gmem
+//!   (anonymous private memory, pages shared copy-on-write after a fork included: the
+//!   migration replaces every mapping of them; file pages and busy pages stay), gmem
 //!   allocates a frame per page, the driver copies (or zero-fills never-touched pages), and
 //!   `migrate_vma_pages` swaps the process's PTEs for device-private entries.
 //! - Back to the host: a CPU access faults (`migrate_to_ram`, C side), which brings back

@@ -440,6 +440,33 @@ fn link_set_after_unplug_changes_nothing() -> TestResult {
     r
 }
 
+/// Ordinary memory migrated to a device whose memory is not a whole number of 2 MiB
+/// (`mem_mib=1`: 256 frames): its device-private pagemap is rounded up to what memory
+/// hotplug takes (it used to WARN in `__add_pages` and leave the device without process
+/// memory), and the data goes there and comes back intact.
+fn dpriv_on_a_device_of_odd_size() -> TestResult {
+    sh("rmmod gmem_sim")?;
+    sh("insmod /lib/gmem/gmem_sim.ko nr_devices=1 mem_mib=1")?;
+    let r = (|| -> TestResult {
+        let g = Gmem::open().map_err(|e| e.to_string())?;
+        let s = Sim::open(0).map_err(|e| e.to_string())?;
+        let d = ok!(s.info()).gmem_id as u32;
+        let m = crate::t_sysmem::Anon::new(16 * 4096, libc::PROT_READ | libc::PROT_WRITE)?;
+        // SAFETY: our own mapping.
+        ensure!(unsafe { libc::madvise(m.addr as *mut libc::c_void, m.len, libc::MADV_NOHUGEPAGE) } == 0, "madvise");
+        m.words().iter_mut().enumerate().for_each(|(i, x)| *x = pattern(0x0dd0_0000, i));
+        ok!(g.advise(m.addr, m.len as u64, GMEM_ADV_PREFETCH, d as i32, 0));
+        let q = ok!(g.query(m.addr, 16));
+        ensure!(q.iter().all(|&x| x == GMEM_LOC_DEVICE | (d << 8)), "not on the device after PREFETCH: {q:x?}");
+        let bad = m.words().iter().enumerate().filter(|&(i, &x)| x != pattern(0x0dd0_0000, i)).count();
+        ensure!(bad == 0, "{bad} words wrong after the CPU read them back");
+        Ok(())
+    })();
+    sh("rmmod gmem_sim")?;
+    sh(INSMOD)?;
+    r
+}
+
 pub fn tests() -> Vec<Test> {
     vec![
         Test {
@@ -452,5 +479,6 @@ pub fn tests() -> Vec<Test> {
         Test { name: "unplug_forgets_mirrored_memory", f: unplug_forgets_mirrored_memory },
         Test { name: "unplug_brings_migrated_memory_back", f: unplug_brings_migrated_memory_back },
         Test { name: "link_set_after_unplug_changes_nothing", f: link_set_after_unplug_changes_nothing },
+        Test { name: "dpriv_on_a_device_of_odd_size", f: dpriv_on_a_device_of_odd_size },
     ]
 }
