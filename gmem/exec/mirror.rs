@@ -276,9 +276,10 @@ unsafe extern "C" fn gmem_mirror_invalidate(
 }
 
 /// Whether some device has a page of `[start, end)` mapped (a device that unregistered
-/// has no entries left, whatever its record still says).
+/// has no entries left, whatever its record still says). A device that is unregistering
+/// but not gone yet still counts: `unmap_range` would call its driver, which may sleep.
 fn any_mapped(st: &mut MirrorState, start: u64, end: u64) -> bool {
-    st.devs.iter_mut().flatten().filter(|m| m.dev.alive()).any(|m| any_in(&mut m.blocks, start, end))
+    st.devs.iter_mut().flatten().filter(|m| !m.dev.is_gone()).any(|m| any_in(&mut m.blocks, start, end))
 }
 
 /// Takes the pages `pages` of block `block` out of `blocks` (those recorded), calling

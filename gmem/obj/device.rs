@@ -816,6 +816,13 @@ impl Device {
         paths::Links { h2d: g(0), d2h: g(1), d2d: g(2) }
     }
 
+    /// Whether the device's unregistration has marked it gone: its driver is called no
+    /// more (`ops` refuses). Until then a device that is unregistering (no longer `alive`)
+    /// may still be called.
+    pub(crate) fn is_gone(&self) -> bool {
+        self.gone.load(Ordering::Acquire)
+    }
+
     /// Enters a callback section; `None` once the device is gone (the caller then skips the
     /// callback: the driver's state it would act on no longer exists).
     pub(crate) fn ops(&self) -> Option<Ops<'_>> {
