@@ -225,21 +225,17 @@ struct gmem_dpriv *gmem_dpriv_new(unsigned long nframes, unsigned long *base_pfn
 	struct resource *res;
 	void *p;
 
-	/*
-	 * Memory hotplug takes whole subsections (2 MiB; sections without
-	 * SPARSEMEM_VMEMMAP) and WARNs on anything else: the span is rounded up, and the
-	 * pages past @nframes are never handed out (every user checks against d->nframes).
-	 */
-	unsigned long align = IS_ENABLED(CONFIG_SPARSEMEM_VMEMMAP) ? PAGES_PER_SUBSECTION : PAGES_PER_SECTION;
-	unsigned long span;
-
-	if (!nframes || nframes > (ULONG_MAX >> PAGE_SHIFT) / 4)
+	if (!nframes || nframes > (ULONG_MAX >> PAGE_SHIFT) / 2)
 		return ERR_PTR(-EINVAL);
-	span = ALIGN(nframes, align);
 	d = kzalloc(sizeof(*d), GFP_KERNEL);
 	if (!d)
 		return ERR_PTR(-ENOMEM);
-	res = request_free_mem_region(&iomem_resource, span << PAGE_SHIFT, "gmem");
+	/*
+	 * The region comes rounded up to a whole section (GFR_DEFAULT_ALIGN), which memory
+	 * hotplug requires; the pages past @nframes are never handed out (every user checks
+	 * against d->nframes).
+	 */
+	res = request_free_mem_region(&iomem_resource, nframes << PAGE_SHIFT, "gmem");
 	if (IS_ERR_OR_NULL(res)) {
 		kfree(d);
 		return res ? ERR_CAST(res) : ERR_PTR(-ENOMEM);

@@ -441,9 +441,9 @@ fn link_set_after_unplug_changes_nothing() -> TestResult {
 }
 
 /// Ordinary memory migrated to a device whose memory is not a whole number of 2 MiB
-/// (`mem_mib=1`: 256 frames): its device-private pagemap is rounded up to what memory
-/// hotplug takes (it used to WARN in `__add_pages` and leave the device without process
-/// memory), and the data goes there and comes back intact.
+/// (`mem_mib=1`: 256 frames): its device-private pagemap is set up without complaint
+/// (memory hotplug takes whole subsections; the region is rounded up to a section), and
+/// the data goes there and comes back intact.
 fn dpriv_on_a_device_of_odd_size() -> TestResult {
     sh("rmmod gmem_sim")?;
     sh("insmod /lib/gmem/gmem_sim.ko nr_devices=1 mem_mib=1")?;
