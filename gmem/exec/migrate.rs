@@ -674,6 +674,15 @@ pub(crate) fn apply(env: &Env<'_>, p: &mut Pages, i: usize, next: PageState, a: 
 /// committed and mapped as its copy completes, while the later parts are on the link; a
 /// failed part leaves the parts before it committed (`Outcome::done`).
 pub(crate) fn apply_batch(env: &Env<'_>, p: &mut Pages, steps: &[Step]) -> Outcome {
+    // The CPU's mappings are revoked through the VMA, and they hold no page reference
+    // (special PTEs, gmem_cpumap.c): a host page they map must not be freed before they
+    // are gone. A caller that found no VMA for a live region runs while munmap is under
+    // way (it detaches the VMA, then clears the page table entries, then closes the VMA,
+    // which tears the region down): a batch that would revoke a CPU mapping is refused
+    // then. Teardown (the region dead, its entries cleared) revokes nothing through a VMA.
+    if env.vma.is_none() && !env.region.is_dead() && steps.iter().any(|st| st.a.zap_cpu) {
+        return Outcome::failed(EFAULT);
+    }
     let mut laps = Laps::start();
     let devs = Devs::new();
     // What step 1 allocated, per step: on the stack for small batches (a single CPU fault

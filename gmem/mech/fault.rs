@@ -17,7 +17,12 @@ use crate::policy::batch;
 use crate::policy::page_state::{transition, Actions, Event, Loc, PageState, Refused, Target};
 use crate::policy::range::AdviceMap;
 use core::sync::atomic::Ordering::Relaxed;
-use kernel::{bindings, ffi::c_ulong, prelude::*, sync::Arc};
+use kernel::{
+    bindings,
+    ffi::{c_long, c_ulong, c_void},
+    prelude::*,
+    sync::Arc,
+};
 
 /// The transition of a CPU access to a page in state `s` (a fault, or ptrace's `.access`).
 /// The CPU always maps GMEM pages writable, so it does not share read-only duplicates with
@@ -151,31 +156,37 @@ pub(crate) fn cpu_fault(
     }
     insert_run(vma, region, at, &run);
     let page = p.host(i).ok_or(EFAULT)?;
-    // SAFETY: `vmf` is the live fault descriptor; the page belongs to the region, which
-    // keeps it until it zaps this mapping (all under the block lock we hold).
-    Ok(unsafe { bindings::vmf_insert_page_mkwrite(vmf, page.as_ptr(), true) })
+    // SAFETY: `vmf` is the live fault descriptor of a GMEM VMA (VM_MIXEDMAP); the page
+    // belongs to the region, which zaps this mapping before it frees or replaces the page
+    // (all under the block lock we hold).
+    Ok(unsafe { gmem_cpumap_fault(vmf.cast(), page.as_ptr().cast()) })
+}
+
+// gmem_cpumap.c. (The kernel structs go as `void *`: bindgen's view of them is not FFI-safe
+// to the lint.)
+extern "C" {
+    fn gmem_cpumap_insert(vma: *mut c_void, addr: c_ulong, pages: *const *mut c_void, n: c_ulong) -> c_long;
+    fn gmem_cpumap_fault(vmf: *mut c_void, page: *mut c_void) -> bindings::vm_fault_t;
 }
 
 /// Maps the host pages `pages` of `region`, consecutive from page `first`, in the CPU
-/// fault's `vma` (one `vm_insert_pages` call: one page-table lock per 2 MiB). A page that
-/// cannot be mapped now (its state says mapped) faults later and is mapped then; nothing
-/// is lost.
+/// fault's `vma`, as special PTEs (gmem_cpumap.c: GUP-fast must not pin GMEM pages; one
+/// page-table walk, one page-table lock per 2 MiB). A page that cannot be mapped now (its
+/// address is mapped already, or a page table could not be allocated) faults later and is
+/// mapped then; nothing is lost.
 fn insert_run(vma: *mut bindings::vm_area_struct, region: &Region, first: usize, pages: &[*mut bindings::page]) {
     let mut done = 0;
     while done < pages.len() {
-        let mut left = (pages.len() - done) as c_ulong;
         let va = region.va(first + done) as c_ulong;
-        // SAFETY: the VMA is live and VM_MIXEDMAP (set at mmap) with the mmap or VMA lock
-        // held by the fault; the range lies in the region, hence in the VMA; the pages
-        // belong to the region, which keeps them until it zaps these mappings (under the
-        // block lock the caller holds). The kernel only reads the array.
-        let r = unsafe { bindings::vm_insert_pages(vma, va, pages[done..].as_ptr().cast_mut(), &mut left) };
-        // `left` pages were not mapped: the first of them failed (already mapped, say).
-        let mapped = pages.len() - done - left as usize;
-        done += mapped + usize::from(r != 0);
-        if r == 0 {
-            break;
-        }
+        let rest = &pages[done..];
+        // SAFETY: the VMA is live and a GMEM VMA with the mmap read lock held by the fault
+        // (without `map_pages`, the kernel retries a per-VMA-lock fault under it); the range lies in the region, hence in the VMA (checked again in C); the
+        // pages belong to the region, which zaps these mappings before it frees or replaces
+        // them (under the block lock the caller holds). The C side only reads the array.
+        let r = unsafe { gmem_cpumap_insert(vma.cast(), va, rest.as_ptr().cast(), rest.len() as c_ulong) };
+        // `r` pages were mapped; the one after them (if any) failed and is skipped.
+        let Ok(mapped) = usize::try_from(r) else { return };
+        done += mapped + 1;
     }
 }
 

@@ -73,6 +73,52 @@ fn gup_refused_remote_access_sees_device_data() -> TestResult {
     Ok(())
 }
 
+/// vmsplice of one page at `addr` into a fresh pipe: the call's result and errno.
+fn vmsplice_page(addr: u64) -> std::result::Result<(isize, i32), String> {
+    let mut fds = [0i32; 2];
+    // SAFETY: pipe(2) into a local array.
+    ensure!(unsafe { libc::pipe(fds.as_mut_ptr()) } == 0, "pipe failed");
+    let iov = libc::iovec { iov_base: addr as *mut libc::c_void, iov_len: 4096 };
+    // SAFETY: the iovec describes our own mapped memory; the fds are ours.
+    let n = unsafe { libc::vmsplice(fds[1], &iov, 1, 0) };
+    let e = errno();
+    // SAFETY: closing our own fds.
+    unsafe {
+        libc::close(fds[0]);
+        libc::close(fds[1]);
+    }
+    Ok((n, e))
+}
+
+/// Pages the CPU has mapped (written, or only read) are refused to GUP too: GUP-fast walks
+/// the page tables without looking at the VMA, so GMEM maps host pages with special PTEs
+/// (it used to map them with normal ones, and vmsplice pinned them). An ordinary page is
+/// the control: vmsplice takes it.
+fn gup_fast_refused_on_cpu_mapped_pages() -> TestResult {
+    let (g, _) = open()?;
+    let r = ok!(g.alloc(16 * 4096));
+    let w = words(&r);
+    w[0] = 1; // page 0: written by the CPU
+    let seen = w[1024 + 5]; // page 1: read only
+    ensure!(seen == 0, "fresh page read {seen}");
+    for (page, what) in [(0u64, "written"), (1, "read")] {
+        let (n, e) = vmsplice_page(r.addr + page * 4096)?;
+        ensure!(n == -1 && e == libc::EFAULT, "vmsplice of a GMEM page the CPU {what}: {n} (errno {e})");
+    }
+    let ordinary = vec![7u8; 2 * 4096];
+    let a = (ordinary.as_ptr() as u64 + 4095) & !4095;
+    let (n, e) = vmsplice_page(a)?;
+    ensure!(n == 4096, "vmsplice of an ordinary page: {n} (errno {e})");
+    // The CPU's data is intact and the pages still work.
+    ensure!(w[0] == 1 && w[1024 + 5] == 0, "data changed");
+    w[1024 + 5] = 3;
+    ensure!(w[1024 + 5] == 3, "write after the refused pins lost");
+    Ok(())
+}
+
 pub fn tests() -> Vec<Test> {
-    vec![Test { name: "gup_refused_remote_access_sees_device_data", f: gup_refused_remote_access_sees_device_data }]
+    vec![
+        Test { name: "gup_refused_remote_access_sees_device_data", f: gup_refused_remote_access_sees_device_data },
+        Test { name: "gup_fast_refused_on_cpu_mapped_pages", f: gup_fast_refused_on_cpu_mapped_pages },
+    ]
 }
