@@ -104,12 +104,13 @@ fn advise_until(space: &Space, a: &Advice, cancel: Option<&Arc<AtomicBool>>) -> 
     if count == 0 {
         return Ok(());
     }
-    if let Some(res) = location_hint(&region.advice, r, a, || device_id(a.dev)) {
+    let dev = || devices::get(usize::from(device_id(a.dev)?)).ok_or(ENODEV);
+    if let Some(res) = location_hint(&region.advice, r, a, dev) {
         return res;
     }
     match a.advice {
-        READ_MOSTLY => hint(&region.advice, r, true, adv::READ_MOSTLY),
-        UNSET_READ_MOSTLY => hint(&region.advice, r, false, adv::READ_MOSTLY),
+        READ_MOSTLY => hint(&region.advice, r, true, adv::READ_MOSTLY, None),
+        UNSET_READ_MOSTLY => hint(&region.advice, r, false, adv::READ_MOSTLY, None),
         PREFETCH | PIN | UNPIN | DONTNEED => {
             let (event, target) = match a.advice {
                 PREFETCH if a.dev == HOST => (Event::Prefetch { to: Target::Host }, None),
@@ -130,17 +131,32 @@ fn advise_until(space: &Space, a: &Advice, cancel: Option<&Arc<AtomicBool>>) -> 
     }
 }
 
-/// Sets (or clears) advice `bits` over `r` in `map`; `E2BIG` if it has no room for the runs.
-fn hint(map: &Mutex<AdviceMap<ADVICE_RUNS>>, r: PageRange, set: bool, bits: u32) -> Result {
+/// Fails with `ENODEV` if `dev` (the device advice names) is no longer alive. Called with
+/// the advice map locked: a device's unregistration marks it dead before its evacuation
+/// forgets the advice naming it (`region::adv::forget_device`, under the same lock), so
+/// advice set after the check is forgotten, and advice checked after it is refused.
+fn still_alive(dev: Option<&Device>) -> Result {
+    match dev {
+        Some(d) if !d.alive() => Err(ENODEV),
+        _ => Ok(()),
+    }
+}
+
+/// Sets (or clears) advice `bits` over `r` in `map` (for a set naming a device, `dev`:
+/// see [`still_alive`]); `E2BIG` if it has no room for the runs.
+fn hint(map: &Mutex<AdviceMap<ADVICE_RUNS>>, r: PageRange, set: bool, bits: u32, dev: Option<&Device>) -> Result {
     let mut m = map.lock();
+    still_alive(dev)?;
     let res = if set { m.set(r, bits) } else { m.clear(r, bits) };
     res.map_err(|_| E2BIG)
 }
 
-/// Replaces the preferred location of `r` in `map` by `v` (`region::adv` encoding): all or
-/// nothing (`E2BIG` if the map has no room for the runs).
-fn prefer(map: &Mutex<AdviceMap<ADVICE_RUNS>>, r: PageRange, v: u32) -> Result {
+/// Replaces the preferred location of `r` in `map` by `v` (`region::adv` encoding; `dev`
+/// the device it names, if any: see [`still_alive`]): all or nothing (`E2BIG` if the map
+/// has no room for the runs).
+fn prefer(map: &Mutex<AdviceMap<ADVICE_RUNS>>, r: PageRange, v: u32, dev: Option<&Device>) -> Result {
     let mut cur = map.lock();
+    still_alive(dev)?;
     let mut m = *cur;
     m.clear(r, adv::PREF_MASK).map_err(|_| E2BIG)?;
     m.set(r, v << adv::PREF_SHIFT).map_err(|_| E2BIG)?;
@@ -150,20 +166,22 @@ fn prefer(map: &Mutex<AdviceMap<ADVICE_RUNS>>, r: PageRange, v: u32) -> Result {
 
 /// The location hints of `a` (PREFERRED_LOC, ACCESSED_BY and their unsets) over `r` in
 /// `map`, a region's advice or the space's for ordinary memory: the same bits for both.
-/// `dev` checks the device `a` names for setting them and returns its id. `None` for any
+/// `dev` checks the device `a` names for setting them and returns it. `None` for any
 /// other advice.
 fn location_hint(
     map: &Mutex<AdviceMap<ADVICE_RUNS>>,
     r: PageRange,
     a: &Advice,
-    dev: impl Fn() -> Result<u8>,
+    dev: impl Fn() -> Result<Arc<Device>>,
 ) -> Option<Result> {
+    // Device ids are below `MAX_DEVICES` (16).
+    let id = |d: &Device| u32::try_from(d.id).map_err(|_| EINVAL);
     Some(match a.advice {
-        PREFERRED_LOC if a.dev == HOST => prefer(map, r, adv::PREF_HOST),
-        PREFERRED_LOC => dev().and_then(|d| prefer(map, r, u32::from(d) + 1)),
-        UNSET_PREFERRED_LOC => hint(map, r, false, adv::PREF_MASK),
-        ACCESSED_BY => dev().and_then(|d| hint(map, r, true, 1u32 << d)),
-        UNSET_ACCESSED_BY => device_id(a.dev).and_then(|d| hint(map, r, false, 1u32 << d)),
+        PREFERRED_LOC if a.dev == HOST => prefer(map, r, adv::PREF_HOST, None),
+        PREFERRED_LOC => dev().and_then(|d| prefer(map, r, id(&d)? + 1, Some(&d))),
+        UNSET_PREFERRED_LOC => hint(map, r, false, adv::PREF_MASK, None),
+        ACCESSED_BY => dev().and_then(|d| hint(map, r, true, 1u32 << id(&d)?, Some(&d))),
+        UNSET_ACCESSED_BY => device_id(a.dev).and_then(|d| hint(map, r, false, 1u32 << d, None)),
         _ => return None,
     })
 }
@@ -187,8 +205,7 @@ fn sysmem_dev(a: &Advice) -> Result<Arc<Device>> {
 fn sysmem_advise(space: &Space, a: &Advice, start: u64, end: u64, cancel: Option<&Arc<AtomicBool>>) -> Result {
     let dev = || sysmem_dev(a);
     let r = PageRange { first: start / 4096, count: (end - start) / 4096 };
-    // Device ids fit in 8 bits (`device_id`).
-    if let Some(res) = location_hint(&space.sysmem_advice, r, a, || dev().map(|d| d.id as u8)) {
+    if let Some(res) = location_hint(&space.sysmem_advice, r, a, dev) {
         return res;
     }
     match a.advice {

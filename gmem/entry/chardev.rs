@@ -5,7 +5,7 @@
 //! `GMEM_IOC_ALLOC` makes it with `vm_mmap()` on the caller's behalf.
 //!
 //! One open file = one handle on the calling process's address space (`space.rs`). Lock
-//! order: `alloc_lock` -> mmap lock -> `pending`; `fences` is a leaf.
+//! order: `alloc_lock` -> mmap lock -> `pending`; `fences` -> `Space::serial` (a leaf).
 
 use crate::entry::advise::{self, Advice, Fence};
 use crate::entry::vm_ops;
@@ -13,7 +13,11 @@ use crate::mech::sysmem;
 use crate::obj::devices;
 use crate::obj::region::{adv, Region, PAGE_SIZE};
 use crate::obj::space::{self, Space};
-use crate::policy::{page_state::PageState, range};
+use crate::policy::{
+    page_state::{PageState, Target},
+    range,
+};
+use core::sync::atomic::{fence, Ordering};
 use kernel::{
     bindings,
     error::to_result,
@@ -327,6 +331,24 @@ fn write_states(states: u64, out: &[u32]) -> Result {
     UserSlice::new(UserPtr::from_addr(states as usize), bytes).writer().write_slice(AsBytes::as_bytes(out))
 }
 
+/// ALLOC's preferred device (the new region's PREFERRED_LOC) may have started
+/// unregistering since ALLOC checked it, and its evacuation, which forgets the advice
+/// naming it, may have walked the space before the region was in it: the preference is
+/// forgotten here then, so that a device registered later under the same id does not
+/// inherit it. Called after the region is in the space's tree (the fence pairs with the
+/// one in `evacuate::evacuation_pass`: either that pass finds the region, or this sees
+/// the device dead).
+fn forget_dead_preference(region: &Region) {
+    fence(Ordering::SeqCst);
+    let pref = adv::preferred(region.advice.lock().get(0));
+    if let Some(Target::Device(d)) = pref {
+        let d = usize::from(d);
+        if !devices::get(d).is_some_and(|dev| dev.alive()) {
+            adv::forget_device(&mut region.advice.lock(), d);
+        }
+    }
+}
+
 #[vtable]
 impl MiscDevice for GmemFile {
     type Ptr = Pin<KBox<Self>>;
@@ -368,6 +390,7 @@ impl MiscDevice for GmemFile {
         let pending = me.pending.lock().take().filter(|p| p.size == len);
         let region = Region::new(me.space.clone(), vma.start(), len / PAGE_SIZE, pending.map_or(0, |p| p.advice))?;
         me.space.insert_region(region.clone())?;
+        forget_dead_preference(&region);
         vma.set_mixedmap();
         // No GUP on GMEM memory (see access.rs): a pinned host page would be decoupled from
         // the data as soon as the page migrates. ptrace and /proc/PID/mem use `.access`.

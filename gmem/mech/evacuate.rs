@@ -5,7 +5,7 @@
 
 use crate::exec::migrate::{apply, Env};
 use crate::obj::device::{DevStats, Device};
-use crate::obj::region::Region;
+use crate::obj::region::{self, Region};
 use crate::obj::space;
 use crate::policy::page_state::Loc;
 use kernel::{prelude::*, sync::Arc};
@@ -20,12 +20,20 @@ const EVACUATION_BACKOFF_MS: [u32; 4] = [10, 50, 200, 1000];
 /// dead, and `migrate::apply` checks that under the block lock); a region that leaves its
 /// space's tree during the pass was torn down completely before it left (`teardown`).
 fn evacuation_pass(dev: &Device, lose: bool) -> Result<u64> {
+    // Pairs with the fence in `chardev::forget_dead_preference`: either this pass finds a
+    // region created meanwhile, or its creator sees the device dead.
+    core::sync::atomic::fence(core::sync::atomic::Ordering::SeqCst);
     let spaces = space::all()?;
     let mut left = 0;
     for s in spaces.iter() {
         let (mut from, mut lost) = (0, 0);
+        // Advice naming the device goes with it. (In every pass: advice given during one by
+        // a call that found the device alive just before it died is caught by the next
+        // pass, if there is one.)
+        region::adv::forget_device(&mut s.sysmem_advice.lock(), dev.id);
         while let Some(r) = s.next_region(from) {
             from = r.end();
+            region::adv::forget_device(&mut r.advice.lock(), dev.id);
             let e = evacuate(&r, dev, lose);
             left += e.left;
             lost += e.lost;

@@ -55,6 +55,23 @@ pub(crate) mod adv {
             d => Some(Target::Device((d - 1) as u8)),
         }
     }
+
+    /// Forgets the advice in `map` that names device `d`: its ACCESSED_BY bit and a
+    /// PREFERRED_LOC of it (the device unregistered; one registered later under the same
+    /// id must not inherit them).
+    pub(crate) fn forget_device(map: &mut super::AdviceMap<{ super::ADVICE_RUNS }>, d: usize) {
+        let Some(d) = u32::try_from(d).ok().filter(|&d| d < 16) else { return };
+        let (bit, pref) = (1u32 << d, (d + 1) << PREF_SHIFT);
+        // Never `Full`: unadvised pages stay unadvised.
+        let _ = map.update_all(|b| {
+            let b = b & !bit;
+            if b & PREF_MASK == pref {
+                b & !PREF_MASK
+            } else {
+                b
+            }
+        });
+    }
 }
 
 /// Runs of distinct advice one region may carry.

@@ -198,6 +198,16 @@ impl<const N: usize> AdviceMap<N> {
         self.update(r, |b| b & !bits)
     }
 
+    /// Replaces the bits `b` of every page by `op(b)`, where `op` leaves unadvised pages
+    /// unadvised (`op(0) == 0`; otherwise nothing changes and the result is `Err(Full)`).
+    /// It never needs more runs than the map holds: runs only merge or go.
+    pub fn update_all(&mut self, op: impl Fn(u32) -> u32) -> Result<(), Full> {
+        if op(0) != 0 {
+            return Err(Full);
+        }
+        self.update(PageRange { first: 0, count: u64::MAX }, op)
+    }
+
     /// The advice bits of `page`.
     pub fn get(&self, page: u64) -> u32 {
         let runs = self.live();
@@ -217,6 +227,23 @@ impl<const N: usize> AdviceMap<N> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn update_all_rewrites_every_run_and_merges() {
+        let mut m = AdviceMap::<4>::new();
+        m.set(PageRange { first: 0, count: 10 }, 0b01).unwrap();
+        m.set(PageRange { first: 10, count: 10 }, 0b11).unwrap();
+        m.set(PageRange { first: 30, count: 5 }, 0b10).unwrap();
+        assert_eq!(m.runs(), 3);
+        // Clearing bit 1 everywhere: [0, 20) merges into one run, [30, 35) goes.
+        m.update_all(|b| b & !0b10).unwrap();
+        assert_eq!(m.runs(), 1);
+        assert_eq!((m.get(0), m.get(19), m.get(20), m.get(30)), (0b01, 0b01, 0, 0));
+        // An op that would advise unadvised pages is refused, and changes nothing.
+        let before = m;
+        assert_eq!(m.update_all(|b| b | 0b100), Err(Full));
+        assert_eq!(m, before);
+    }
 
     const MB: u64 = 1 << 20;
 

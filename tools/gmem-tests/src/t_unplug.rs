@@ -467,6 +467,41 @@ fn dpriv_on_a_device_of_odd_size() -> TestResult {
     r
 }
 
+/// Advice naming a device is forgotten when the device unregisters: after the driver is
+/// reloaded, the device registered under the same id faults a range that had ACCESSED_BY
+/// for the old one into its own memory instead of mapping the host pages remotely (it
+/// used to inherit the old device's advice, and UNSET_ACCESSED_BY for an id with no
+/// device gave ENODEV).
+fn advice_for_an_unregistered_device_is_forgotten() -> TestResult {
+    let g = Gmem::open().map_err(|e| e.to_string())?;
+    let r = ok!(g.alloc(16 * 4096));
+    words(&r).iter_mut().enumerate().for_each(|(i, x)| *x = pattern(0xadd0_0000, i));
+    let d1 = {
+        let s1 = Sim::open(1).map_err(|e| e.to_string())?;
+        let d1 = ok!(s1.info()).gmem_id as i32;
+        ok!(g.advise(r.addr, r.len as u64, GMEM_ADV_ACCESSED_BY, d1, 0));
+        // The advice works while the device is there: its read maps the host pages.
+        ok!(s1.checksum(r.addr, 4096));
+        let q = ok!(r.query());
+        ensure!(q_loc(q[0]) == GMEM_LOC_HOST && q[0] & GMEM_Q_REMOTE != 0, "ACCESSED_BY not honoured: {:#x}", q[0]);
+        d1
+    };
+    sh("rmmod gmem_sim")?;
+    sh(INSMOD)?;
+    let s1 = Sim::open(1).map_err(|e| e.to_string())?;
+    ensure!(ok!(s1.info()).gmem_id as i32 == d1, "the reloaded device 1 has another id");
+    ok!(s1.checksum(r.addr + 8 * 4096, 4096));
+    let q = ok!(r.query());
+    ensure!(
+        q_loc(q[8]) == GMEM_LOC_DEVICE && q_dev(q[8]) == d1 as u32,
+        "the new device {d1} inherited the old one's ACCESSED_BY: page 8 is {:#x}",
+        q[8]
+    );
+    let bad = words(&r).iter().enumerate().filter(|&(i, &x)| x != pattern(0xadd0_0000, i)).count();
+    ensure!(bad == 0, "{bad} words wrong");
+    Ok(())
+}
+
 pub fn tests() -> Vec<Test> {
     vec![
         Test {
@@ -480,5 +515,9 @@ pub fn tests() -> Vec<Test> {
         Test { name: "unplug_brings_migrated_memory_back", f: unplug_brings_migrated_memory_back },
         Test { name: "link_set_after_unplug_changes_nothing", f: link_set_after_unplug_changes_nothing },
         Test { name: "dpriv_on_a_device_of_odd_size", f: dpriv_on_a_device_of_odd_size },
+        Test {
+            name: "advice_for_an_unregistered_device_is_forgotten",
+            f: advice_for_an_unregistered_device_is_forgotten,
+        },
     ]
 }
