@@ -27,9 +27,9 @@ fn evacuation_pass(dev: &Device, lose: bool) -> Result<u64> {
     let mut left = 0;
     for s in spaces.iter() {
         let (mut from, mut lost) = (0, 0);
-        // Advice naming the device goes with it. (In every pass: advice given during one by
-        // a call that found the device alive just before it died is caught by the next
-        // pass, if there is one.)
+        // Advice naming the device goes with it. None can be set after this: advice checks
+        // that its device is alive under the same lock (`advise::still_alive`), and a
+        // region ALLOC makes meanwhile checks its preferred device once it is in the tree.
         region::adv::forget_device(&mut s.sysmem_advice.lock(), dev.id);
         while let Some(r) = s.next_region(from) {
             from = r.end();
