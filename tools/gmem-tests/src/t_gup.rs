@@ -34,18 +34,7 @@ fn gup_refused_remote_access_sees_device_data() -> TestResult {
     );
 
     // vmsplice would let a pipe hold the host page: refused.
-    let mut fds = [0i32; 2];
-    // SAFETY: pipe(2) into a local array.
-    ensure!(unsafe { libc::pipe(fds.as_mut_ptr()) } == 0, "pipe failed");
-    let iov = libc::iovec { iov_base: (r.addr + 4096) as *mut libc::c_void, iov_len: 4096 };
-    // SAFETY: the iovec describes our own mapped region; the fds are ours.
-    let n = unsafe { libc::vmsplice(fds[1], &iov, 1, 0) };
-    let e = errno();
-    // SAFETY: closing our own fds.
-    unsafe {
-        libc::close(fds[0]);
-        libc::close(fds[1]);
-    }
+    let (n, e) = vmsplice_page(r.addr + 4096)?;
     ensure!(n == -1 && e == libc::EFAULT, "vmsplice of GMEM memory: {n} (errno {e})");
 
     // /proc/self/mem (the ptrace path) reads the device's data: page 3, words 2 and 3.
