@@ -53,11 +53,15 @@ fn range_errno(e: RangeError) -> Error {
     }
 }
 
+/// The live device the user's `dev` field names (`EINVAL` for a negative one).
+fn device(dev: i32) -> Result<Arc<Device>> {
+    let id = usize::try_from(dev).map_err(|_| EINVAL)?;
+    devices::get(id).filter(|d| d.alive()).ok_or(ENODEV)
+}
+
 /// A registered device id from the user's `dev` field.
 fn device_id(dev: i32) -> Result<u8> {
-    let id = usize::try_from(dev).map_err(|_| EINVAL)?;
-    devices::get(id).filter(|d| d.alive()).ok_or(ENODEV)?;
-    u8::try_from(id).map_err(|_| EINVAL)
+    u8::try_from(device(dev)?.id).map_err(|_| EINVAL)
 }
 
 /// Checks everything that does not need the region; returns the target of moving advice.
@@ -104,8 +108,7 @@ fn advise_until(space: &Space, a: &Advice, cancel: Option<&Arc<AtomicBool>>) -> 
     if count == 0 {
         return Ok(());
     }
-    let dev = || devices::get(usize::from(device_id(a.dev)?)).ok_or(ENODEV);
-    if let Some(res) = location_hint(&region.advice, r, a, dev) {
+    if let Some(res) = location_hint(&region.advice, r, a, || device(a.dev)) {
         return res;
     }
     match a.advice {
@@ -189,7 +192,7 @@ fn location_hint(
 /// The device `a` names, for advice on ordinary process memory: `EOPNOTSUPP` for one whose
 /// driver has no `map_prepare` (it cannot map the process's own pages).
 fn sysmem_dev(a: &Advice) -> Result<Arc<Device>> {
-    let dev = devices::get(usize::from(device_id(a.dev)?)).ok_or(ENODEV)?;
+    let dev = device(a.dev)?;
     if dev.maps_sysmem() {
         Ok(dev)
     } else {

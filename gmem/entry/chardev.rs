@@ -242,12 +242,7 @@ impl GmemFile {
             if written.is_err() {
                 // Nobody learnt the fence's id: it is stopped and forgotten, as at close,
                 // and frees its place under the limit.
-                let f = {
-                    let mut fences = self.fences.lock();
-                    let i = fences.list.iter().position(|f| f.id == a.fence);
-                    i.and_then(|i| fences.list.remove(i).ok())
-                };
-                if let Some(f) = f {
+                if let Some(f) = self.take_fence(a.fence) {
                     f.cancel();
                     let _ = f.wait();
                 }
@@ -266,12 +261,15 @@ impl GmemFile {
         if wt.flags != 0 {
             return Err(EINVAL);
         }
-        let f = {
-            let mut fences = self.fences.lock();
-            let i = fences.list.iter().position(|f| f.id == wt.fence).ok_or(ENOENT)?;
-            fences.list.remove(i)?
-        };
-        f.wait()
+        self.take_fence(wt.fence).ok_or(ENOENT)?.wait()
+    }
+
+    /// Takes the outstanding fence `id` off this file's list (it no longer counts towards
+    /// the limit); `None` if there is none.
+    fn take_fence(&self, id: u64) -> Option<Arc<Fence>> {
+        let mut fences = self.fences.lock();
+        let i = fences.list.iter().position(|f| f.id == id)?;
+        fences.list.remove(i).ok()
     }
 
     fn query(&self, arg: usize) -> Result {

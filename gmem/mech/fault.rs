@@ -180,9 +180,10 @@ fn insert_run(vma: *mut bindings::vm_area_struct, region: &Region, first: usize,
         let va = region.va(first + done) as c_ulong;
         let rest = &pages[done..];
         // SAFETY: the VMA is live and a GMEM VMA with the mmap read lock held by the fault
-        // (without `map_pages`, the kernel retries a per-VMA-lock fault under it); the range lies in the region, hence in the VMA (checked again in C); the
-        // pages belong to the region, which zaps these mappings before it frees or replaces
-        // them (under the block lock the caller holds). The C side only reads the array.
+        // (without `map_pages`, the kernel retries a per-VMA-lock fault under it); the
+        // range lies in the region, hence in the VMA (checked again in C); the pages
+        // belong to the region, which zaps these mappings before it frees or replaces them
+        // (under the block lock the caller holds). The C side only reads the array.
         let r = unsafe { gmem_cpumap_insert(vma.cast(), va, rest.as_ptr().cast(), rest.len() as c_ulong) };
         // `r` pages were mapped; the one after them (if any) failed and is skipped.
         let Ok(mapped) = usize::try_from(r) else { return };

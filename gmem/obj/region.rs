@@ -60,7 +60,7 @@ pub(crate) mod adv {
     /// PREFERRED_LOC of it (the device unregistered; one registered later under the same
     /// id must not inherit them).
     pub(crate) fn forget_device(map: &mut super::AdviceMap<{ super::ADVICE_RUNS }>, d: usize) {
-        let Some(d) = u32::try_from(d).ok().filter(|&d| d < 16) else { return };
+        let Some(d) = u32::try_from(d).ok().filter(|_| d < super::MAX_DEVICES) else { return };
         let (bit, pref) = (1u32 << d, (d + 1) << PREF_SHIFT);
         // Never `Full`: unadvised pages stay unadvised.
         let _ = map.update_all(|b| {
