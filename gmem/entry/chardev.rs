@@ -10,13 +10,11 @@
 use crate::entry::advise::{self, Advice, Fence};
 use crate::entry::vm_ops;
 use crate::mech::sysmem;
+use crate::obj::device::Device;
 use crate::obj::devices;
 use crate::obj::region::{adv, Region, PAGE_SIZE};
 use crate::obj::space::{self, Space};
-use crate::policy::{
-    page_state::{PageState, Target},
-    range,
-};
+use crate::policy::{page_state::PageState, range};
 use core::sync::atomic::{fence, Ordering};
 use kernel::{
     bindings,
@@ -117,10 +115,12 @@ fn read_arg<T: UapiArg>(arg: usize) -> Result<(T, UserSliceWriter)> {
 }
 
 /// Parameters an ALLOC hands to the mmap it triggers.
-#[derive(Clone, Copy)]
 struct Pending {
     size: usize,
     advice: u32,
+    /// The device `advice` prefers, as ALLOC found it alive: the very object, not its id,
+    /// which a device registered later may take (`forget_dead_preference`).
+    preferred: Option<Arc<Device>>,
 }
 
 struct Fences {
@@ -174,20 +174,23 @@ impl GmemFile {
             Err(range::RangeError::Overflow) => return Err(E2BIG),
             Err(_) => return Err(EINVAL),
         };
-        let advice = match a.preferred_dev {
-            advise::NO_DEVICE => 0,
-            advise::HOST => adv::PREF_HOST << adv::PREF_SHIFT,
+        let (advice, preferred) = match a.preferred_dev {
+            advise::NO_DEVICE => (0, None),
+            advise::HOST => (adv::PREF_HOST << adv::PREF_SHIFT, None),
             d => {
                 let id = usize::try_from(d).map_err(|_| EINVAL)?;
-                devices::get(id).filter(|d| d.alive()).ok_or(ENODEV)?;
-                (id as u32 + 1) << adv::PREF_SHIFT
+                let dev = devices::get(id).filter(|d| d.alive()).ok_or(ENODEV)?;
+                ((id as u32 + 1) << adv::PREF_SHIFT, Some(dev))
             }
         };
         let _serialise = self.alloc_lock.lock();
-        *self.pending.lock() = Some(Pending { size: size as usize, advice });
+        *self.pending.lock() = Some(Pending { size: size as usize, advice, preferred });
         // SAFETY: `file` is this open file; we are in process context without the mmap lock.
         let addr = unsafe { bindings::vm_mmap(file.as_ptr(), 0, size as usize, PROT_READ | PROT_WRITE, MAP_SHARED, 0) };
-        *self.pending.lock() = None;
+        // Taken out under the lock, dropped after it (it may hold the last reference to an
+        // unregistered device).
+        let unused = self.pending.lock().take();
+        drop(unused);
         if addr >= (-4095isize) as usize {
             return Err(Error::from_errno(addr as isize as i32));
         }
@@ -329,21 +332,18 @@ fn write_states(states: u64, out: &[u32]) -> Result {
     UserSlice::new(UserPtr::from_addr(states as usize), bytes).writer().write_slice(AsBytes::as_bytes(out))
 }
 
-/// ALLOC's preferred device (the new region's PREFERRED_LOC) may have started
+/// ALLOC's preferred device `dev` (the new region's PREFERRED_LOC) may have started
 /// unregistering since ALLOC checked it, and its evacuation, which forgets the advice
 /// naming it, may have walked the space before the region was in it: the preference is
 /// forgotten here then, so that a device registered later under the same id does not
-/// inherit it. Called after the region is in the space's tree (the fence pairs with the
-/// one in `evacuate::evacuation_pass`: either that pass finds the region, or this sees
-/// the device dead).
-fn forget_dead_preference(region: &Region) {
+/// inherit it. `dev` is the object ALLOC checked, not a lookup of its id now: a new
+/// device may have taken the id meanwhile. Called after the region is in the space's tree
+/// (the fence pairs with the one in `evacuate::evacuation_pass`: either that pass finds
+/// the region, or this sees the device dead).
+fn forget_dead_preference(region: &Region, dev: Option<&Device>) {
     fence(Ordering::SeqCst);
-    let pref = adv::preferred(region.advice.lock().get(0));
-    if let Some(Target::Device(d)) = pref {
-        let d = usize::from(d);
-        if !devices::get(d).is_some_and(|dev| dev.alive()) {
-            adv::forget_device(&mut region.advice.lock(), d);
-        }
+    if let Some(dev) = dev.filter(|d| !d.alive()) {
+        adv::forget_device(&mut region.advice.lock(), dev.id);
     }
 }
 
@@ -386,9 +386,10 @@ impl MiscDevice for GmemFile {
             return Err(EINVAL);
         }
         let pending = me.pending.lock().take().filter(|p| p.size == len);
-        let region = Region::new(me.space.clone(), vma.start(), len / PAGE_SIZE, pending.map_or(0, |p| p.advice))?;
+        let advice = pending.as_ref().map_or(0, |p| p.advice);
+        let region = Region::new(me.space.clone(), vma.start(), len / PAGE_SIZE, advice)?;
         me.space.insert_region(region.clone())?;
-        forget_dead_preference(&region);
+        forget_dead_preference(&region, pending.as_ref().and_then(|p| p.preferred.as_deref()));
         vma.set_mixedmap();
         // No GUP on GMEM memory (see access.rs): a pinned host page would be decoupled from
         // the data as soon as the page migrates. ptrace and /proc/PID/mem use `.access`.
@@ -416,5 +417,40 @@ impl MiscDevice for GmemFile {
             _ => Err(ENOTTY),
         }
         .map(|()| 0)
+    }
+}
+
+#[kunit_tests(gmem_chardev)]
+mod tests {
+    use super::*;
+    use crate::obj::devices::tests::test_driver;
+    use crate::obj::space::tests::test_space;
+    use crate::policy::page_state::Target;
+
+    #[test]
+    fn a_preference_for_a_device_gone_since_alloc_is_forgotten_though_its_id_is_taken() {
+        // ALLOC found device `old` alive; before its mmap made the region, `old`
+        // unregistered and `new` took its id.
+        let old = devices::insert(test_driver(), 1).expect("insert old");
+        let d = old.id;
+        old.kill();
+        drop(devices::remove(d));
+        let new = devices::insert(test_driver(), 1).expect("insert new");
+        // Ids are reused lowest first.
+        assert_eq!(new.id, d);
+        let s = test_space();
+        let r = Region::new(s.clone(), 0x40_0000, 4, (d as u32 + 1) << adv::PREF_SHIFT).expect("region");
+        // A preference checked against a device still alive stays.
+        forget_dead_preference(&r, Some(&new));
+        assert_eq!(adv::preferred(r.advice.lock().get(3)), Some(Target::Device(d as u8)));
+        // One checked against the device ALLOC saw goes, though a live device has its id
+        // (a lookup of the id would have found `new` and kept it).
+        forget_dead_preference(&r, Some(&old));
+        assert_eq!(adv::preferred(r.advice.lock().get(0)), None);
+        assert_eq!(adv::preferred(r.advice.lock().get(3)), None);
+        new.kill();
+        drop(devices::remove(d));
+        drop(r);
+        space::release(&s);
     }
 }

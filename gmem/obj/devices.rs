@@ -101,7 +101,7 @@ pub(crate) fn remove(id: usize) -> Option<Arc<Device>> {
 }
 
 #[kunit_tests(gmem_devices)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::abi::{GmemDevOps, GmemDevProps, GMEM_DRIVER_ABI_VERSION};
     use kernel::ffi::c_int;
@@ -230,7 +230,7 @@ mod tests {
     }
 
     /// A driver whose callbacks all exist but are never called by these tests.
-    fn test_driver() -> CDriver {
+    pub(crate) fn test_driver() -> CDriver {
         use crate::abi::{GmemCopy, GmemPte};
         use kernel::ffi::c_void;
         /// # Safety
