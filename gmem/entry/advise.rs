@@ -285,9 +285,18 @@ impl Fence {
         Ok(f)
     }
 
-    /// Asks a queued or running prefetch to stop at its next chunk.
-    pub(crate) fn cancel(&self) {
+    /// Asks a queued or running prefetch to stop at its next chunk. One that has not
+    /// started is taken off its space's queue and completes at once (`ECANCELED`), so
+    /// that whoever waits for it does not wait behind the fences queued before it
+    /// (through the process's other files too).
+    pub(crate) fn cancel(self: &Arc<Self>) {
         self.cancelled.store(true, Ordering::Release);
+        if let Some(job) = self.space.unqueue_serial(Arc::as_ptr(self).cast()) {
+            *self.result.lock() = Some(ECANCELED.to_errno());
+            self.done.complete_all();
+            // The queue's reference, dropped with no lock held.
+            drop(job);
+        }
     }
 
     /// Waits for completion; returns the prefetch's result.

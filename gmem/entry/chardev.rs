@@ -144,7 +144,9 @@ pub(crate) struct GmemFile {
 impl PinnedDrop for GmemFile {
     fn drop(self: Pin<&mut Self>) {
         // Nothing may outlive the file: stop every outstanding asynchronous prefetch (nobody
-        // can wait for it any more) and wait until each has returned.
+        // can wait for it any more). Those not started are taken off the space's queue
+        // and never run (so this does not wait behind fences of the process's other
+        // files); a running one stops at its next chunk, and is waited for.
         let list = core::mem::take(&mut self.fences.lock().list);
         for f in list.iter() {
             f.cancel();

@@ -264,6 +264,16 @@ impl Space {
         Ok(!core::mem::replace(&mut s.running, true))
     }
 
+    /// Takes the job at `job` (compared by address) off the queue if it has not started,
+    /// and returns it (for the caller to drop: it may hold the last reference to the
+    /// space, which must not go under the space's own lock). `None` once it has started
+    /// or run.
+    pub(crate) fn unqueue_serial(&self, job: *const ()) -> Option<Arc<dyn SerialJob>> {
+        let mut s = self.serial.lock();
+        let k = s.queue.iter().position(|j| core::ptr::eq(Arc::as_ptr(j).cast::<()>(), job))?;
+        s.queue.remove(k).ok()
+    }
+
     /// Runs the space's serial jobs in the order queued until none is left (the next
     /// [`Space::queue_serial`] then asks for a worker again).
     pub(crate) fn run_serial(&self) {

@@ -139,6 +139,43 @@ fn async_fences_run_in_order_across_files() -> TestResult {
     Ok(())
 }
 
+/// Closing a file cancels its own fences without waiting behind those queued earlier
+/// through the process's other files: with the link slow, the other file's fences are
+/// still moving data when the close returns (before, the close waited for them all).
+fn closing_a_file_does_not_wait_for_other_files_fences() -> TestResult {
+    let (g, s) = open()?;
+    let g2 = Gmem::open().map_err(|e| e.to_string())?;
+    let r = ok!(g.alloc(MIB));
+    let sum = pattern(&r, 12);
+    let total = |l: &libgmem::sim::SimLink| l.bytes[libgmem::sim::PATH_H2D];
+    crate::t_link::with_link(&s, [10, 10, 0], 0, || {
+        let l0 = ok!(s.link());
+        // Through `g`: the region to the device and back six times, 6 MiB to the device at
+        // 10 MB/s (about 0.6 s; the way back copies nothing: the host kept its clean
+        // pages); through `g2`, one more to the device behind them.
+        let mut fences = Vec::new();
+        for k in 0..12 {
+            let to = if k % 2 == 0 { 0 } else { GMEM_HOST };
+            fences.push(ok!(g.advise(r.addr, MIB, GMEM_ADV_PREFETCH, to, GMEM_ADVF_ASYNC)));
+        }
+        ok!(g2.advise(r.addr, MIB, GMEM_ADV_PREFETCH, 0, GMEM_ADVF_ASYNC));
+        drop(g2);
+        let moved = total(&ok!(s.link())) - total(&l0);
+        ensure!(moved < 6 * MIB, "the close waited for the other file's fences: {moved} bytes moved by then");
+        for f in fences {
+            ok!(g.wait(f));
+        }
+        // Every fence of `g` ran in full (six times the region to the device); `g2`'s
+        // never ran.
+        let moved = total(&ok!(s.link())) - total(&l0);
+        ensure!(moved == 6 * MIB, "{moved} bytes moved, not 6 MiB");
+        Ok(())
+    })?;
+    all_at(&ok!(r.query()), GMEM_LOC_HOST, 0)?;
+    ensure!(checksum(words(&r)) == sum, "data wrong after the fences");
+    Ok(())
+}
+
 fn preferred_location_host_maps_remotely() -> TestResult {
     let (g, s) = open()?;
     let r = ok!(g.alloc(MIB));
@@ -256,6 +293,10 @@ pub fn tests() -> Vec<Test> {
         Test { name: "prefetch_to_device_and_back", f: prefetch_to_device_and_back },
         Test { name: "async_prefetch_and_wait", f: async_prefetch_and_wait },
         Test { name: "async_fences_run_in_order_across_files", f: async_fences_run_in_order_across_files },
+        Test {
+            name: "closing_a_file_does_not_wait_for_other_files_fences",
+            f: closing_a_file_does_not_wait_for_other_files_fences,
+        },
         Test { name: "preferred_location_host_maps_remotely", f: preferred_location_host_maps_remotely },
         Test { name: "accessed_by_maps_remotely", f: accessed_by_maps_remotely },
         Test { name: "read_mostly_duplicates_then_write_collapses", f: read_mostly_duplicates_then_write_collapses },
