@@ -38,6 +38,7 @@ void gmem_dpriv_released(const void *owner, unsigned long frame);
 int gmem_dpriv_copy_back(const void *owner, const u64 *frames, struct page **pages, unsigned long n);
 /* gmem/gmem_mirror.c */
 int gmem_mirror_vma_ok(struct vm_area_struct *vma, bool write);
+int gmem_mirror_vma_home_ok(struct vm_area_struct *vma);
 
 struct gmem_dpriv {
 	struct dev_pagemap pgmap;
@@ -91,10 +92,12 @@ static long gmem_dpriv_moved(const unsigned long *src, const unsigned long *dst,
 /*
  * Takes the mmap read lock of @mm and returns the VMA of @start if gmem mirrors it, with
  * *@end the end of [@start, @start + @npages pages) clipped to it; else an ERR_PTR (-EFAULT:
- * no such VMA) with the lock released. The caller holds a user reference on @mm.
+ * no such VMA) with the lock released. The caller holds a user reference on @mm. @home: for
+ * a move back to host memory, which grants no access, the VMA need not be readable any
+ * more (its pages may have moved to a device before an mprotect(PROT_NONE)).
  */
 static struct vm_area_struct *gmem_dpriv_vma(struct mm_struct *mm, unsigned long start, unsigned long npages,
-					     unsigned long *end)
+					     unsigned long *end, bool home)
 {
 	struct vm_area_struct *vma;
 	int ret = mmap_read_lock_killable(mm);
@@ -102,7 +105,7 @@ static struct vm_area_struct *gmem_dpriv_vma(struct mm_struct *mm, unsigned long
 	if (ret)
 		return ERR_PTR(ret);
 	vma = vma_lookup(mm, start);
-	ret = vma ? gmem_mirror_vma_ok(vma, false) : -EFAULT;
+	ret = home ? gmem_mirror_vma_home_ok(vma) : gmem_mirror_vma_ok(vma, false);
 	if (ret) {
 		mmap_read_unlock(mm);
 		return ERR_PTR(ret);
@@ -332,7 +335,7 @@ long gmem_dpriv_to_host(struct gmem_dpriv *d, struct mm_struct *mm, unsigned lon
 	b = kvmalloc(sizeof(*b), GFP_KERNEL);
 	if (!b)
 		return -ENOMEM;
-	vma = gmem_dpriv_vma(mm, start, npages, &args.end);
+	vma = gmem_dpriv_vma(mm, start, npages, &args.end, true);
 	if (IS_ERR(vma)) {
 		kvfree(b);
 		return PTR_ERR(vma);
@@ -402,7 +405,7 @@ int gmem_dpriv_collect(struct gmem_dpriv_mig *m, struct gmem_dpriv *d, struct mm
 
 	if (!npages || npages > GMEM_DPRIV_BATCH || !PAGE_ALIGNED(start))
 		return -EINVAL;
-	vma = gmem_dpriv_vma(mm, start, npages, &end);
+	vma = gmem_dpriv_vma(mm, start, npages, &end, false);
 	if (IS_ERR(vma))
 		return PTR_ERR(vma);
 	*count = (end - start) >> PAGE_SHIFT;

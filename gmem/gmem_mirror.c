@@ -98,6 +98,17 @@ bool gmem_mirror_retry(struct gmem_mirror *m, unsigned long seq)
 
 #define GMEM_MIRROR_NOT_MIRRORED (VM_IO | VM_PFNMAP | VM_MIXEDMAP)
 
+int gmem_mirror_vma_home_ok(struct vm_area_struct *vma);
+/*
+ * 0 if pages of @vma on a device may be moved back to host memory (gmem_dpriv.c), else
+ * -EFAULT. A move home grants no access, so unlike gmem_mirror_vma_ok() this does not ask
+ * for VM_READ: pages that moved before an mprotect(PROT_NONE) come home too.
+ */
+int gmem_mirror_vma_home_ok(struct vm_area_struct *vma)
+{
+	return !vma || (vma->vm_flags & GMEM_MIRROR_NOT_MIRRORED) ? -EFAULT : 0;
+}
+
 int gmem_mirror_vma_ok(struct vm_area_struct *vma, bool write);
 /* 0 if gmem may mirror @vma for this access, else the errno of the fault (also gmem_dpriv.c). */
 int gmem_mirror_vma_ok(struct vm_area_struct *vma, bool write)
@@ -122,13 +133,15 @@ static int gmem_mirror_walk(struct hmm_range *range, unsigned long start, unsign
 	return hmm_range_fault(range);
 }
 
-int gmem_mirror_check(struct mm_struct *mm, unsigned long addr, bool write);
+int gmem_mirror_check(struct mm_struct *mm, unsigned long addr, bool write, bool home);
 /*
- * 0 if @addr lies in a VMA of @mm that gmem mirrors for this access, else the errno a
- * fault there gets. Takes the mmap read lock; the caller holds a user reference on @mm.
+ * 0 if @addr lies in a VMA of @mm that gmem mirrors for this access (@home: a move of its
+ * pages back to host memory, gmem_mirror_vma_home_ok()), else the errno a fault there gets.
+ * Takes the mmap read lock; the caller holds a user reference on @mm.
  */
-int gmem_mirror_check(struct mm_struct *mm, unsigned long addr, bool write)
+int gmem_mirror_check(struct mm_struct *mm, unsigned long addr, bool write, bool home)
 {
+	struct vm_area_struct *vma;
 	int ret;
 
 	if (addr >= mm->task_size)
@@ -136,7 +149,8 @@ int gmem_mirror_check(struct mm_struct *mm, unsigned long addr, bool write)
 	ret = mmap_read_lock_killable(mm);
 	if (ret)
 		return ret;
-	ret = gmem_mirror_vma_ok(vma_lookup(mm, addr), write);
+	vma = vma_lookup(mm, addr);
+	ret = home ? gmem_mirror_vma_home_ok(vma) : gmem_mirror_vma_ok(vma, write);
 	mmap_read_unlock(mm);
 	return ret;
 }

@@ -334,7 +334,13 @@ fn sysmem_range(space: &Space, a: &Advice) -> Result<Option<(u64, u64)>> {
     // address in no region before).
     // The process is exiting: as for a region (EFAULT).
     let _mm = space.mm_user().ok_or(EFAULT)?;
-    mirror::check(space.mm(), a.addr & !0xfff, false).map_err(sysmem::no_mapping_is_enoent)?;
+    let page = a.addr & !0xfff;
+    let found = if a.advice == PREFETCH && a.dev == HOST {
+        mirror::check_home(space.mm(), page)
+    } else {
+        mirror::check(space.mm(), page, false)
+    };
+    found.map_err(sysmem::no_mapping_is_enoent)?;
     // Widened outward to pages, as for a region, within the whole address space.
     let r = range::outward(0, !0xfff, a.addr, a.len).map_err(range_errno)?;
     let start = r.first.checked_mul(4096).ok_or(EOVERFLOW)?;

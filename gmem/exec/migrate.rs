@@ -204,7 +204,8 @@ impl FrameSupply {
                         let offs = steps
                             .iter()
                             .filter(|st| st.a.alloc_frame == Some(d as u8))
-                            .map(|st| (st.i - r.start) as u64);
+                            // (Every step is a page of the block: `allocate` checks.)
+                            .filter_map(|st| st.i.checked_sub(r.start).map(|o| o as u64));
                         let _ = dev.alloc_placed(chunk(p, d as u8), offs, &mut charges, &mut sup.frames[d]);
                     } else {
                         let _ = dev.alloc_frames(&mut charges, &mut sup.frames[d]);
@@ -819,7 +820,9 @@ fn revoke(env: &Env<'_>, p: &Pages, steps: &[Step], devs: &Devs) {
         let leaving = |st: &&Step| {
             st.a.unmap_dev & (1 << d) != 0 && st.prev.loc() == Loc::Device(d) && st.a.free_frame == Some(d)
         };
-        let asked = dev.take_prefetched(steps.iter().filter(leaving).map(|st| (st.i - r0, p.frame(st.i))));
+        let asked = dev.take_prefetched(
+            steps.iter().filter(leaving).filter_map(|st| st.i.checked_sub(r0).map(|o| (o, p.frame(st.i)))),
+        );
         if asked != [0; 8] {
             let mut used_bits = asked;
             ops.test_clear_accessed(ctx, env.region.va(r0), &mut used_bits);

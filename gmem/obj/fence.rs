@@ -86,7 +86,16 @@ impl Fence {
             // SAFETY: an initialised completion, waited for once (type invariant).
             unsafe { bindings::wait_for_completion(self.done.get()) };
         }
-        kernel::error::to_result(self.state.load(Ordering::Acquire))
+        match self.state.load(Ordering::Acquire) {
+            // Only if a second waiter came before the signal (gmem has one waiter per
+            // fence): the copy is not done, and must not pass for done.
+            PENDING => {
+                pr_err!("gmem fence: a second waiter returned before the signal\n");
+                kernel::warn_on!(true);
+                Err(EIO)
+            }
+            r => kernel::error::to_result(r),
+        }
     }
 
     /// The address handed to the driver.

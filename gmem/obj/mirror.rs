@@ -54,7 +54,7 @@ extern "C" {
     fn gmem_mirror_new(mm: *mut c_void, owner: *const c_void, start: c_ulong, length: c_ulong) -> *mut c_void;
     fn gmem_mirror_free(m: *mut c_void);
     fn gmem_mirror_set_seq(mni: *mut c_void, cur_seq: c_ulong);
-    fn gmem_mirror_check(mm: *mut c_void, addr: c_ulong, write: bool) -> c_int;
+    fn gmem_mirror_check(mm: *mut c_void, addr: c_ulong, write: bool, home: bool) -> c_int;
     fn gmem_mirror_retry(m: *mut c_void, seq: c_ulong) -> bool;
     fn gmem_mirror_fault(
         m: *mut c_void,
@@ -199,9 +199,19 @@ impl Drop for Notifier {
 /// errno of a fault there. Takes the mmap read lock: call with no lock held, and with a
 /// user reference on `mm`.
 pub(crate) fn check(mm: &Mm, addr: u64, write: bool) -> Result {
+    check_vma(mm, addr, write, false)
+}
+
+/// [`check`] for a move of pages back to host memory, which grants no access: the mapping
+/// need not be readable (pages that moved to a device before an `mprotect(PROT_NONE)`).
+pub(crate) fn check_home(mm: &Mm, addr: u64) -> Result {
+    check_vma(mm, addr, false, true)
+}
+
+fn check_vma(mm: &Mm, addr: u64, write: bool, home: bool) -> Result {
     let addr = c_ulong::try_from(addr).map_err(|_| EFAULT)?;
     // SAFETY: `mm` is live and has users (the caller's reference); no lock is held.
-    kernel::error::to_result(unsafe { gmem_mirror_check(mm.as_raw().cast(), addr, write) })
+    kernel::error::to_result(unsafe { gmem_mirror_check(mm.as_raw().cast(), addr, write, home) })
 }
 
 /// Records `cur_seq` as the notifier's sequence: the invalidate callback does this under
@@ -332,8 +342,15 @@ impl MirrorState {
         node: &mut Option<RBTreeNode<u64, Mapped>>,
     ) -> Result<Option<DevMirror>> {
         let slot = self.devs.get_mut(dev.id).ok_or(EINVAL)?;
+        let same = slot.as_ref().is_some_and(|m| Arc::ptr_eq(&m.dev, dev) && m.ctx == ctx);
+        // Refused before anything changes: a failure after the slot's replacement would drop
+        // the earlier device's record (and maybe its last reference) under the lock.
+        let known = same && slot.as_ref().is_some_and(|m| m.blocks.get(&block).is_some());
+        if !known && node.is_none() {
+            return Err(ENOMEM);
+        }
         let mut old = None;
-        if !slot.as_ref().is_some_and(|m| Arc::ptr_eq(&m.dev, dev) && m.ctx == ctx) {
+        if !same {
             old = slot.replace(DevMirror { dev: dev.clone(), ctx, blocks: RBTree::new() });
             if let Some(o) = &old {
                 self.mapped -= o.blocks.values().map(|m| count(&m.pages)).sum::<u64>();

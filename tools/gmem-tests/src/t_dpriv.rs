@@ -105,6 +105,26 @@ fn dpriv_buffer_migrated_and_read_back() -> TestResult {
     Ok(())
 }
 
+/// Pages on the device of a mapping made inaccessible since (`PROT_NONE`) still come home
+/// by PREFETCH: moving them grants no access, and the device's frames are freed. (Before,
+/// the move home asked for a readable mapping as a move to the device does: `ENOENT`.)
+fn dpriv_prefetch_home_of_an_inaccessible_mapping() -> TestResult {
+    let (g, _s, d, frames0, m) = migrated(64, 0x77)?;
+    let prot = |p: i32| {
+        // SAFETY: our own mapping.
+        ensure!(unsafe { libc::mprotect(m.addr as *mut libc::c_void, m.len, p) } == 0, "mprotect");
+        Ok(())
+    };
+    prot(libc::PROT_NONE)?;
+    ok!(g.advise(m.addr, m.len as u64, GMEM_ADV_PREFETCH, GMEM_HOST, 0));
+    wait_frames(d, frames0)?;
+    prot(libc::PROT_READ | libc::PROT_WRITE)?;
+    let q = ok!(g.query(m.addr, 64));
+    ensure!(q.iter().all(|&x| x & 0xff == GMEM_LOC_HOST), "after PREFETCH to the host: {q:x?}");
+    ensure!(m.words().iter().enumerate().all(|(i, &x)| x == pattern(0x77, i)), "data changed");
+    Ok(())
+}
+
 /// Never-touched memory migrates as zeros without host pages; the CPU then reads zeros.
 fn dpriv_untouched_memory_moves_as_zeros() -> TestResult {
     let (g, s, d, frames0, m) = setup(32)?;
@@ -390,6 +410,10 @@ fn dpriv_unmovable_memory_stays_and_maps() -> TestResult {
 pub fn tests() -> Vec<Test> {
     vec![
         Test { name: "dpriv_buffer_migrated_and_read_back", f: dpriv_buffer_migrated_and_read_back },
+        Test {
+            name: "dpriv_prefetch_home_of_an_inaccessible_mapping",
+            f: dpriv_prefetch_home_of_an_inaccessible_mapping,
+        },
         Test { name: "dpriv_untouched_memory_moves_as_zeros", f: dpriv_untouched_memory_moves_as_zeros },
         Test { name: "dpriv_process_exits_with_buffer_on_device", f: dpriv_process_exits_with_buffer_on_device },
         Test { name: "dpriv_fork_after_migration", f: dpriv_fork_after_migration },
