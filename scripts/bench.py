@@ -317,6 +317,21 @@ def markdown(d):
                      + f" (the guest has {env.get('cpus')} vCPUs; a run that kept them all busy would be "
                        f"bound by the simulation's CPU work, not by the link).")
             L.append("")
+    # Two streams over the modelled link (diagnostic).
+    ps = section(L, d, "streams", "Two streams by device faults over a modelled link (PS, diagnostic)")
+    if ps:
+        r = ps.get("axpy_device_faults") or {}
+        L.append(f"The device runs AXPY (`y = 3 x + y`) over two fresh CPU-written regions of "
+                 f"{f((ps.get('bytes_per_region') or 0) / 2**20)} MiB each, brought by its faults, with sim0's host "
+                 f"links at {ps.get('link_mbs')} MB/s as in PL. Each 1 MiB window of the kernel faults in `x`'s "
+                 f"pages, then `y`'s: read-ahead sees a stream in each region. No target: it shows how well "
+                 f"fault-driven migration overlaps with a device kernel that reads two arrays at once.")
+        L.append("")
+        L.append(table(["time ms", "both regions' bytes / time / link bandwidth", "device's own work ms",
+                        "time / floor (the slower of link and own work)", "link bytes per page"],
+                       [[st(r.get("time_s"), 3, 1e3), st(r.get("ratio")), st(r.get("compute_s"), 3, 1e3),
+                         st(r.get("time_over_floor")), st(r.get("link_bytes_per_page"))]]))
+        L.append("")
     # P3.
     p3 = section(L, d, "p3", "Per-page migrate-to-device + fault-back cost (P3)")
     if p3:

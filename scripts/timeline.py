@@ -4,7 +4,7 @@
 The guest prints its ftrace buffer between GMEM-TRACE-BEGIN and GMEM-TRACE-END: gmem's
 events (device faults with their service time, copy-engine calls, density prefetch,
 eviction), the scheduler's switches and wakeups, and gmem-bench's markers around each
-timed PL run ("GMEM-PL start <kind> <rep>", "GMEM-PL end ...") and each P4 run
+timed PL or PS run ("GMEM-PL start <kind> <rep>", "GMEM-PL end ...") and each P4 run
 ("GMEM-P4 start <config>_<kind>_<factor x 100> <rep>"). Times print in ms from the run's
 start.
 
@@ -18,7 +18,7 @@ import sys
 
 LINE = re.compile(r"^\s*(?P<task>.+?)-(?P<pid>\d+)\s+\[(?P<cpu>\d+)\]\s+\S+\s+(?P<ts>\d+\.\d+):\s+"
                   r"(?P<event>\w+):\s*(?P<body>.*)$")
-MARK = re.compile(r"GMEM-P[L4] (start|end) (\w+) (\d+)")
+MARK = re.compile(r"GMEM-P[L4S] (start|end) (\w+) (\d+)")
 SWITCH = re.compile(r"prev_comm=(\S+) .*prev_state=(\S+) ==> next_comm=(\S+)")
 
 

@@ -759,6 +759,73 @@ impl Bench {
         Ok(out)
     }
 
+    /// PS (diagnostic): device faults with two streams at once, over the link model as in
+    /// PL (host links at a quarter of the paired copy bandwidth, one path). The device runs
+    /// AXPY, `y = 3 x + y`, over two fresh CPU-written regions of half PL's size each (both
+    /// fit on the device): each window of the kernel faults in `x`'s pages, then `y`'s, so
+    /// read-ahead has a stream in each region. Both regions cross the host-to-device link
+    /// once: the floor is PL's bytes / bandwidth, or the device's own work on resident data
+    /// (the same AXPY again, untimed above) if slower. The result is checked on the device.
+    pub fn streams(&mut self) -> R<Json> {
+        let n = self.size / 2;
+        let np = n / PAGE;
+        let (sx, sy, alpha) = (0x61u32, 0x62u32, 3u32);
+        let expect = checksum_of(n / 4, |i| alpha.wrapping_mul(pattern(i, sx)).wrapping_add(pattern(i, sy)));
+        let (mbps, paired) = self.link_mbps()?;
+        let mut cell = Cell::default();
+        self.set_links(mbps)?;
+        let run = (|| -> R<()> {
+            for rep in 0..self.runs() {
+                progress("PS", rep + 1, self.runs(), "AXPY over two regions by device faults, link model");
+                let timed = rep >= self.warm;
+                sys::restore()?;
+                sys::control("multipath=0")?;
+                let mut compute = 0.0;
+                let (t, l0, l1) = self.counted(&mut cell, timed, || {
+                    let x = t!(self.g.alloc(n as u64));
+                    let y = t!(self.g.alloc(n as u64));
+                    cpu_write(words(&x), sx);
+                    cpu_write(words(&y), sy);
+                    let l0 = t!(self.s0.link());
+                    sys::trace_mark(&format!("GMEM-PS start axpy {rep}"));
+                    let t0 = now();
+                    t!(self.s0.axpy(x.addr, y.addr, n as u64, alpha));
+                    let t = now() - t0;
+                    sys::trace_mark(&format!("GMEM-PS end axpy {rep}"));
+                    let l1 = t!(self.s0.link());
+                    let o = t!(self.s0.checksum(y.addr, n as u64));
+                    ensure!(o.result == expect, "PS: y wrong after AXPY on the device");
+                    // The device's own work alone: every page resident now.
+                    let t1 = now();
+                    let o = t!(self.s0.axpy(x.addr, y.addr, n as u64, alpha));
+                    compute = now() - t1;
+                    ensure!(o.faults == 0, "PS: {} faults on resident data", o.faults);
+                    Ok((t, l0, l1))
+                })?;
+                let bytes = l1.bytes[PATH_H2D] - l0.bytes[PATH_H2D];
+                ensure!(bytes >= 2 * n as u64, "PS: the link carried {bytes} bytes for {}", 2 * n);
+                if timed {
+                    let link_s = 2.0 * n as f64 / (mbps as f64 * 1e6);
+                    cell.push("time_s", t);
+                    cell.push("ratio", 2.0 * n as f64 / t / 1e6 / mbps as f64);
+                    cell.push("link_bytes_per_page", bytes as f64 / (2 * np) as f64);
+                    cell.push("compute_s", compute);
+                    cell.push("time_over_floor", t / link_s.max(compute));
+                }
+            }
+            Ok(())
+        })();
+        sys::restore()?;
+        self.set_links(0)?;
+        run?;
+        let f = cell.stats(&["time_s", "ratio", "link_bytes_per_page", "compute_s", "time_over_floor"]);
+        Ok(Json::obj()
+            .with("bytes_per_region", n)
+            .with("link_mbs", mbps)
+            .with("paired_baseline_mbs", paired)
+            .with("axpy_device_faults", f.with("per_migrated_page", cell.work_per_page(2 * np))))
+    }
+
     /// P8: host-to-device throughput over two paths at once (sim0's host link, and the route
     /// through the idle sim1: its host link into staging frames, then its peer link at 4x)
     /// against the direct path alone, with the link model on (host links at a sixteenth of

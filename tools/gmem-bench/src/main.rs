@@ -241,6 +241,7 @@ fn run(b: &mut Bench, args: &Args, out: &mut Json, errors: &mut Vec<Json>) -> i3
         ("P1", "p1", Box::new(|b: &mut Bench| b.p1())),
         ("P2", "p2", Box::new(|b: &mut Bench| b.p2())),
         ("PL", "link", Box::new(|b: &mut Bench| b.link())),
+        ("PS", "streams", Box::new(|b: &mut Bench| b.streams())),
         ("P3", "p3", Box::new(|b: &mut Bench| b.p3())),
         ("P4", "p4", Box::new(move |b: &mut Bench| b.p4(&configs, &touch_factors, touch_count, p4_reps))),
         ("P5", "p5", Box::new(move |b: &mut Bench| b.p5(if smoke { 64 << 20 } else { 1 << 40 }))),
