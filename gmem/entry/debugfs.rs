@@ -158,7 +158,17 @@ fn show_device(d: &Device, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         g(&s.readahead),
         g(&s.thrash_events),
         d.prefetch_accuracy_pct()
-    )
+    )?;
+    // The streams read-ahead follows: region start, the reader's block, the chain's front
+    // ("-": a free place). Read without a lock: a snapshot, fields may be mid-update.
+    write!(f, "  streams:")?;
+    for st in &d.streams {
+        match st.of.load(Relaxed) {
+            0 => write!(f, " -")?,
+            _ => write!(f, " {:#x}@{:#x}..{:#x}", st.va.load(Relaxed), st.at.load(Relaxed), st.ahead_to.load(Relaxed))?,
+        }
+    }
+    writeln!(f)
 }
 
 fn show_devices(_: &(), f: &mut fmt::Formatter<'_>) -> fmt::Result {

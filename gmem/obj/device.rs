@@ -27,8 +27,8 @@ use crate::policy::bits::{self, BlockBits};
 use crate::policy::evict::{self as order, Clock, F_CLEAN, F_LENT, F_PINNED, F_REF, F_USED};
 use crate::policy::frames::{FrameMap, CHUNK_FRAMES};
 use crate::policy::paths;
-use crate::policy::prefetch::{behind_stream, Accuracy};
-use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use crate::policy::prefetch::{behind_stream, pick_stream, Accuracy};
+use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use kernel::{
     bindings,
     error::{to_result, VTABLE_DEFAULT_ERROR},
@@ -291,6 +291,50 @@ impl DeviceOps for CDriver {
 /// their early eviction.
 pub(crate) const STREAM_FRESH_NS: u64 = 50_000_000;
 
+/// Streams of device faults read-ahead follows at once on one device, each with a chain of
+/// its own (`mech/readahead.rs`): a kernel that reads two arrays and writes a third streams
+/// through three regions together.
+pub(crate) const STREAMS: usize = 4;
+
+/// One stream of device faults that read-ahead follows, and its chain (`mech/readahead.rs`).
+/// Its fields are read and written without a lock, with the ordering rules written there.
+pub(crate) struct Stream {
+    /// The chain's token: set while a read-ahead worker is queued or running that has yet
+    /// to hand on to the next block; one chain per stream, so that the stream's blocks
+    /// reach the link in its order.
+    pub(crate) token: AtomicBool,
+    /// The block after the last one the chain queued (in the region `of`): a chain started
+    /// again goes on from there, not from blocks already fetched.
+    pub(crate) ahead_to: AtomicUsize,
+    /// The block (2 MiB-aligned address) of the device fault that last asked for a
+    /// read-ahead in the stream: read-ahead keeps going while it is within
+    /// `readahead::device_depth` blocks of it.
+    pub(crate) at: AtomicUsize,
+    /// The region of that fault, as an address compared for identity only (never
+    /// dereferenced; 0: none): the chain goes on only for the region it is reading ahead
+    /// in, not for another process's region at nearby addresses.
+    pub(crate) of: AtomicUsize,
+    /// When that fault asked (`sched::now_ns`): a stream whose device has not asked for a
+    /// while has ended, or moved on to other work ([`Device::behind_reader`]), and its
+    /// place is the first taken by a new one (`Device::stream_for`).
+    pub(crate) asked_ns: AtomicU64,
+    /// The start address of the region `of` (debugfs only).
+    pub(crate) va: AtomicUsize,
+}
+
+impl Stream {
+    const fn new() -> Stream {
+        Stream {
+            token: AtomicBool::new(false),
+            ahead_to: AtomicUsize::new(0),
+            at: AtomicUsize::new(0),
+            of: AtomicUsize::new(0),
+            asked_ns: AtomicU64::new(0),
+            va: AtomicUsize::new(0),
+        }
+    }
+}
+
 /// Per-device counters (debugfs `gmem/devices`).
 #[derive(Default)]
 pub(crate) struct DevStats {
@@ -493,24 +537,9 @@ pub(crate) struct Device {
     drv: CDriver,
     /// False once unregistering started: nothing new is placed on the device.
     alive: AtomicBool,
-    /// The read-ahead chain's token (`mech/readahead.rs`): set while a read-ahead worker is
-    /// queued or running that has yet to hand on to the next block; one chain per device,
-    /// so that blocks reach the link in stream order.
-    pub(crate) ahead_token: AtomicBool,
-    /// The block after the last one the chain queued (for the region `stream_of`): a
-    /// chain started again goes on from there, not from blocks already fetched.
-    pub(crate) ahead_to: core::sync::atomic::AtomicUsize,
-    /// The block (2 MiB-aligned address) of the device fault that last asked for a
-    /// read-ahead: read-ahead keeps going while it is within `readahead::device_depth`
-    /// blocks of it.
-    pub(crate) stream_at: core::sync::atomic::AtomicUsize,
-    /// The region of that fault, as an address compared for identity only (never
-    /// dereferenced): the chain goes on only for the region it is reading ahead in, not for
-    /// another process's region at nearby addresses.
-    pub(crate) stream_of: core::sync::atomic::AtomicUsize,
-    /// When that fault asked (`sched::now_ns`): a stream whose device has not asked for
-    /// a while has ended, or moved on to other work ([`Device::behind_reader`]).
-    pub(crate) stream_asked_ns: AtomicU64,
+    /// The streams of device faults read-ahead follows (`mech/readahead.rs`), one chain
+    /// each.
+    pub(crate) streams: [Stream; STREAMS],
     /// Round-robin cursor over the copy channels (`next_channel`).
     chan_rr: AtomicU32,
     /// How much of what the device prefetched it used lately (`policy::prefetch::Accuracy`,
@@ -616,11 +645,7 @@ impl Device {
                 nr_frames,
                 drv,
                 alive: AtomicBool::new(true),
-                ahead_token: AtomicBool::new(false),
-                ahead_to: core::sync::atomic::AtomicUsize::new(0),
-                stream_at: core::sync::atomic::AtomicUsize::new(0),
-                stream_of: core::sync::atomic::AtomicUsize::new(0),
-                stream_asked_ns: AtomicU64::new(0),
+                streams: [const { Stream::new() }; STREAMS],
                 chan_rr: AtomicU32::new(0),
                 prefetch_accuracy: AtomicU32::new(Accuracy::ONE),
                 prefetch_settled_ns: AtomicU64::new(0),
@@ -1211,45 +1236,69 @@ impl Device {
         Accuracy(self.prefetch_accuracy.load(Ordering::Relaxed)).percent()
     }
 
-    /// A region's identity for [`Device::stream_of`] (compared only, never dereferenced).
+    /// A region's identity for [`Stream::of`] (compared only, never dereferenced).
     pub(crate) fn stream_id(r: &Arc<Region>) -> usize {
         Arc::as_ptr(r) as usize
     }
 
-    /// Whether the block at `block_va` of `r` lies in the read-ahead window: between the
-    /// block the device last read in (`stream_at`) and the chain's front (`ahead_to`), a
-    /// window of at most `max_frames` pages. Read ahead and about to be used.
+    /// The stream the device follows in `r`, if any.
+    fn stream_in(&self, r: &Arc<Region>) -> Option<&Stream> {
+        let id = Self::stream_id(r);
+        self.streams.iter().find(|s| s.of.load(Ordering::Relaxed) == id)
+    }
+
+    /// The stream a fault in `r` asks read-ahead of: the one in `r`, else a free one, else
+    /// the one whose reader asked longest ago (`policy::prefetch::pick_stream`). Read
+    /// without a lock: two faults in a new region at once may take two streams, or one
+    /// fault's stream be taken over by another's at once; read-ahead is a hint, and a
+    /// chain goes on only while its stream names its region (`readahead::hand_on`).
+    pub(crate) fn stream_for(&self, r: &Arc<Region>) -> usize {
+        let mut seen = [(0usize, 0u64); STREAMS];
+        for (v, s) in seen.iter_mut().zip(self.streams.iter()) {
+            *v = (s.of.load(Ordering::Relaxed), s.asked_ns.load(Ordering::Relaxed));
+        }
+        pick_stream(&seen, Self::stream_id(r)).unwrap_or(0)
+    }
+
+    /// Whether the block at `block_va` of `r` lies in the read-ahead window of the device's
+    /// stream in `r`: between the block its reader last read in (`Stream::at`) and its
+    /// chain's front (`Stream::ahead_to`), a window of at most `max_frames` pages. Read
+    /// ahead and about to be used.
     pub(crate) fn ahead_of_reader(&self, r: &Arc<Region>, block_va: usize, max_frames: u64) -> bool {
-        let (at, to) = (self.stream_at.load(Ordering::Relaxed), self.ahead_to.load(Ordering::Relaxed));
-        let pages = (to.saturating_sub(at) / BLOCK_BYTES).saturating_mul(BLOCK_PAGES);
-        self.stream_of.load(Ordering::Relaxed) == Self::stream_id(r)
-            && (at..to).contains(&block_va)
-            && pages as u64 <= max_frames
+        self.stream_in(r).is_some_and(|s| {
+            let (at, to) = (s.at.load(Ordering::Relaxed), s.ahead_to.load(Ordering::Relaxed));
+            let pages = (to.saturating_sub(at) / BLOCK_BYTES).saturating_mul(BLOCK_PAGES);
+            (at..to).contains(&block_va) && pages as u64 <= max_frames
+        })
     }
 
     /// Whether the device's stream in `r` has gone past the block at `block_va`: a chain
-    /// reads ahead in `r`, the device's last fault that asked for read-ahead came less
-    /// than [`STREAM_FRESH_NS`] ago, and its block (`stream_at`) lies at least two blocks
+    /// reads ahead in `r`, its reader's last fault that asked for read-ahead came less
+    /// than [`STREAM_FRESH_NS`] ago, and its block (`Stream::at`) lies at least two blocks
     /// further on (the block right behind the reader's may still be read, as a stencil's
     /// halo is): `policy::prefetch::behind_stream`. A device streaming forward reaches such
     /// a block again, if at all, only after every block in front of it. The fields are
     /// read one by one without a lock (a fault may move them meanwhile, even to another
     /// region): the answer is a policy hint, wrong at worst for one eviction batch.
     pub(crate) fn behind_reader(&self, r: &Arc<Region>, block_va: usize) -> bool {
-        let (at, to) = (self.stream_at.load(Ordering::Relaxed), self.ahead_to.load(Ordering::Relaxed));
-        let age = crate::obj::sched::now_ns().saturating_sub(self.stream_asked_ns.load(Ordering::Relaxed));
-        self.stream_of.load(Ordering::Relaxed) == Self::stream_id(r)
-            && behind_stream(block_va / BLOCK_BYTES, at / BLOCK_BYTES, to / BLOCK_BYTES, age, STREAM_FRESH_NS)
+        self.stream_in(r).is_some_and(|s| {
+            let (at, to) = (s.at.load(Ordering::Relaxed), s.ahead_to.load(Ordering::Relaxed));
+            let age = crate::obj::sched::now_ns().saturating_sub(s.asked_ns.load(Ordering::Relaxed));
+            behind_stream(block_va / BLOCK_BYTES, at / BLOCK_BYTES, to / BLOCK_BYTES, age, STREAM_FRESH_NS)
+        })
     }
 
-    /// `r` is being torn down: the stream the device follows is no longer in it. (A later
+    /// `r` is being torn down: no stream the device follows is in it any more. (A later
     /// `Region` allocated at the same address must not inherit its reader.)
     /// Called after `r` was marked dead; the fence pairs with the one in
     /// `readahead::start_chain`, which names the region and then checks that it is not
     /// dead (a store then a load on each side, which may otherwise pass each other).
     pub(crate) fn forget_stream(&self, r: &Arc<Region>) {
         core::sync::atomic::fence(Ordering::SeqCst);
-        let _ = self.stream_of.compare_exchange(Self::stream_id(r), 0, Ordering::Relaxed, Ordering::Relaxed);
+        let id = Self::stream_id(r);
+        for s in &self.streams {
+            let _ = s.of.compare_exchange(id, 0, Ordering::Relaxed, Ordering::Relaxed);
+        }
     }
 
     pub(crate) fn set_flags(&self, frame: u32, set: u8) {

@@ -187,6 +187,21 @@ pub fn behind_stream(block: usize, at: usize, to: usize, age_ns: u64, fresh_ns: 
     to > at && age_ns < fresh_ns && block.checked_add(2).is_some_and(|e| e <= at)
 }
 
+/// Which of a device's read-ahead streams a fault in the region `id` (nonzero) takes, given
+/// each stream's region (`0`: none yet) and when its reader last asked (ns): the stream
+/// already in `id`; else the first that follows no region; else the one whose reader
+/// asked longest ago (the first of those on a tie). `None` only for no streams.
+pub fn pick_stream(streams: &[(usize, u64)], id: usize) -> Option<usize> {
+    if let Some(k) = streams.iter().position(|&(of, _)| of == id) {
+        return Some(k);
+    }
+    if let Some(k) = streams.iter().position(|&(of, _)| of == 0) {
+        return Some(k);
+    }
+    // `min_by_key` keeps the first of equal keys.
+    streams.iter().enumerate().min_by_key(|&(_, &(_, asked))| asked).map(|(k, _)| k)
+}
+
 /// Word range and in-word mask of the aligned subregion `[start, start + size)`, where
 /// `size` is a power of two in `2..=512` and `start < 512` a multiple of it.
 fn span(start: usize, size: usize) -> (core::ops::Range<usize>, u64) {
@@ -537,6 +552,24 @@ mod tests {
             proptest::prop_assert_eq!(super::lane_next(done, at, lanes, depth), first);
         }
 
+        /// The stream picked is the region's own if it has one; else a free one if any;
+        /// else one no other was asked for longer ago than.
+        #[test]
+        fn pick_stream_keeps_own_then_free_then_oldest(
+            streams in proptest::collection::vec((0usize..6, 0u64..100), 1..6), id in 1usize..6
+        ) {
+            let k = super::pick_stream(&streams, id);
+            proptest::prop_assert!(k.is_some());
+            let k = k.unwrap_or(0);
+            if streams.iter().any(|&(of, _)| of == id) {
+                proptest::prop_assert_eq!(streams[k].0, id);
+            } else if streams.iter().any(|&(of, _)| of == 0) {
+                proptest::prop_assert_eq!(streams[k].0, 0);
+            } else {
+                proptest::prop_assert!(streams.iter().all(|&(_, a)| a >= streams[k].1));
+            }
+        }
+
         /// A block behind the stream is two or more blocks before the reader's, never in
         /// the read-ahead window, and only while the stream is fresh and its chain ahead.
         #[test]
@@ -551,6 +584,17 @@ mod tests {
                 proptest::prop_assert!(block + 2 > at || to <= at || age >= fresh);
             }
         }
+    }
+
+    #[test]
+    fn pick_stream_examples() {
+        // Its own stream, even when another is free or older.
+        assert_eq!(super::pick_stream(&[(0, 0), (7, 50), (9, 10)], 7), Some(1));
+        // A free one next (the first free).
+        assert_eq!(super::pick_stream(&[(3, 5), (0, 0), (0, 0)], 7), Some(1));
+        // Else the one asked longest ago; the first on a tie.
+        assert_eq!(super::pick_stream(&[(3, 50), (4, 20), (5, 20), (6, 90)], 7), Some(1));
+        assert_eq!(super::pick_stream(&[], 7), None);
     }
 
     #[test]

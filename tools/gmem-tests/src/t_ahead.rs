@@ -77,6 +77,37 @@ fn stream_reads_the_next_block_ahead() -> TestResult {
     })
 }
 
+/// Read-ahead follows a device's streams in two regions at once, one chain each: after the
+/// device's faults in one region and then in another, debugfs lists a stream in each (with
+/// one chain per device, the second fault took the first's place); AXPY over both then
+/// reads and writes exactly the right data, and a freed region's stream is forgotten.
+fn readahead_follows_two_regions_at_once() -> TestResult {
+    let (g, s) = open()?;
+    let (x, xs) = cpu_written(&g, 6 << 20, 0x0c33_0000)?;
+    let (y, ys) = cpu_written(&g, 6 << 20, 0x0d44_0000)?;
+    let streams = || libgmem::debugfs::section_words(0, "streams").ok_or("no streams line for dev0".to_string());
+    let follows = |w: &[String], a: u64| w.iter().any(|s| s.starts_with(&format!("{a:#x}@")));
+    ok!(s.checksum(x.addr, 1 << 20));
+    ok!(s.checksum(y.addr, 1 << 20));
+    let w = streams()?;
+    ensure!(
+        follows(&w, x.addr) && follows(&w, y.addr),
+        "streams {w:?}: not one in each of {:#x} and {:#x}",
+        x.addr,
+        y.addr
+    );
+    ok!(s.axpy(x.addr, y.addr, 6 << 20, 3));
+    let want: Vec<u32> = xs.iter().zip(&ys).map(|(&a, &b)| a.wrapping_mul(3).wrapping_add(b)).collect();
+    ensure!(ok!(s.checksum(y.addr, 6 << 20)).result == checksum(&want), "the device's AXPY result is wrong");
+    ensure!(words(&y)[..] == want[..], "the CPU reads another AXPY result");
+    ensure!(words(&x)[..] == xs[..], "x changed");
+    let xa = x.addr;
+    drop(x);
+    let w = streams()?;
+    ensure!(!follows(&w, xa), "streams {w:?}: the freed region {xa:#x} is still followed");
+    Ok(())
+}
+
 /// A region of `len` bytes plus a block, its first whole block at `a`, written by the device
 /// from there (`FILL`: word `i` is `seed + i`) and checked to be all on the device. Returns
 /// the region, `a`, and the index of `a`'s word in the region.
@@ -322,6 +353,7 @@ pub fn tests() -> Vec<crate::harness::Test> {
     use crate::harness::Test;
     vec![
         Test { name: "ahead_stream_reads_the_next_block_ahead", f: stream_reads_the_next_block_ahead },
+        Test { name: "ahead_readahead_follows_two_regions_at_once", f: readahead_follows_two_regions_at_once },
         Test { name: "ahead_readahead_races_free_and_exit", f: readahead_races_free_and_exit },
         Test { name: "ahead_cpu_stream_reads_home_ahead", f: cpu_stream_reads_home_ahead },
         Test { name: "ahead_cpu_sequential_fault_around", f: cpu_sequential_fault_around },

@@ -21,6 +21,27 @@ pub fn counter(dev: u32, key: &str) -> Option<u64> {
     counters().ok()?.get(&dev)?.get(key).copied()
 }
 
+/// The words after `section:` on that section's line of device `dev` (e.g. `streams`: one
+/// word per read-ahead stream), if the file and the line exist.
+pub fn section_words(dev: u32, section: &str) -> Option<Vec<String>> {
+    section_words_in(&std::fs::read_to_string(DEVICES).ok()?, dev, section)
+}
+
+pub fn section_words_in(text: &str, dev: u32, section: &str) -> Option<Vec<String>> {
+    let mut cur = None;
+    let head = format!("{section}:");
+    for line in text.lines() {
+        let mut words = line.split_whitespace();
+        let Some(first) = words.next() else { continue };
+        if !line.starts_with(' ') {
+            cur = first.strip_prefix("dev").and_then(|d| d.parse::<u32>().ok());
+        } else if cur == Some(dev) && first == head {
+            return Some(words.map(str::to_string).collect());
+        }
+    }
+    None
+}
+
 pub fn parse(text: &str) -> Counters {
     let mut out = Counters::new();
     let mut dev = None;
@@ -170,6 +191,15 @@ mod tests {
         assert_eq!(c[&0]["evicted.to_peer"], 7);
         assert_eq!(c[&1]["evicted.to_peer"], 9);
         assert!(!c[&1].contains_key("faults.pages"));
+    }
+
+    #[test]
+    fn a_sections_words_are_found_for_its_device() {
+        let t = "dev0 frames=8\n  streams: 0x1000@0x0..0x200000 -\n\ndev1 frames=8\n  streams: - -\n";
+        assert_eq!(section_words_in(t, 0, "streams"), Some(vec!["0x1000@0x0..0x200000".into(), "-".into()]));
+        assert_eq!(section_words_in(t, 1, "streams"), Some(vec!["-".into(), "-".into()]));
+        assert_eq!(section_words_in(t, 2, "streams"), None);
+        assert_eq!(section_words_in(t, 0, "faults"), None);
     }
 
     #[test]
