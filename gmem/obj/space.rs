@@ -248,7 +248,8 @@ pub(crate) trait SerialJob: Send + Sync {
 /// A space's queued [`SerialJob`]s, and whether a worker is running them.
 ///
 /// Lifetimes: a queued job may hold the space (a fence does); the cycle lasts until the
-/// job is taken off the queue to run, and the worker that runs the queue runs it to the end.
+/// job is taken off the queue, to run (the worker that runs the queue runs it to the end)
+/// or cancelled before it started ([`Space::unqueue_serial`]).
 pub(crate) struct Serial {
     queue: KVec<Arc<dyn SerialJob>>,
     running: bool,
