@@ -615,8 +615,7 @@ impl Bench {
             core::iter::once(None).chain(self.ab.as_ref().map(|c| Some(c.replace('+', " ")))).collect();
         let mut cells: Vec<Vec<Cell>> =
             variants.iter().map(|_| kinds.iter().map(|_| Cell::default()).collect()).collect();
-        self.set_links(mbps)?;
-        let run = (|| -> R<()> {
+        self.with_links(mbps, || {
             for rep in 0..self.runs() {
                 progress("PL", rep + 1, self.runs(), "device faults, PREFETCH, CPU faults over a modelled link");
                 let timed = rep >= self.warm;
@@ -730,10 +729,7 @@ impl Bench {
                 }
             }
             Ok(())
-        })();
-        sys::restore()?;
-        self.set_links(0)?;
-        run?;
+        })?;
         let figures = |mut o: Json, cells: &[Cell]| {
             for (c, kind) in cells.iter().zip(kinds) {
                 let f = c.stats(&[
@@ -773,8 +769,7 @@ impl Bench {
         let expect = checksum_of(n / 4, |i| alpha.wrapping_mul(pattern(i, sx)).wrapping_add(pattern(i, sy)));
         let (mbps, paired) = self.link_mbps()?;
         let mut cell = Cell::default();
-        self.set_links(mbps)?;
-        let run = (|| -> R<()> {
+        self.with_links(mbps, || {
             for rep in 0..self.runs() {
                 progress("PS", rep + 1, self.runs(), "AXPY over two regions by device faults, link model");
                 let timed = rep >= self.warm;
@@ -814,10 +809,7 @@ impl Bench {
                 }
             }
             Ok(())
-        })();
-        sys::restore()?;
-        self.set_links(0)?;
-        run?;
+        })?;
         let f = cell.stats(&["time_s", "ratio", "link_bytes_per_page", "compute_s", "time_over_floor"]);
         Ok(Json::obj()
             .with("bytes_per_region", n)
@@ -849,8 +841,7 @@ impl Bench {
         let names = ["direct", "two_paths"];
         let mut cells: Vec<Cell> = names.iter().map(|_| Cell::default()).collect();
         let mut speedup = Vec::new();
-        self.set_links(mbps)?;
-        let run = (|| -> R<()> {
+        self.with_links(mbps, || {
             for rep in 0..self.runs() {
                 progress("P8", rep + 1, self.runs(), "PREFETCH over one path and over two");
                 let timed = rep >= self.warm;
@@ -891,10 +882,7 @@ impl Bench {
                 }
             }
             Ok(())
-        })();
-        sys::restore()?;
-        self.set_links(0)?;
-        run?;
+        })?;
         let mut out = Json::obj()
             .with("bytes", n)
             .with("link_mbs", mbps)
@@ -1022,6 +1010,16 @@ impl Bench {
         bws.sort_by(f64::total_cmp);
         let bw = bws[1].max(self.survey_paired_mbs.unwrap_or(0.0));
         Ok((self.link_override.unwrap_or(((bw / 4.0) as u64).max(10)), bw))
+    }
+
+    /// Runs `f` with the link model at `mbps` (`set_links`), then restores the defaults
+    /// and switches the model off, whatever `f` returned.
+    fn with_links(&self, mbps: u64, f: impl FnOnce() -> R<()>) -> R<()> {
+        self.set_links(mbps)?;
+        let run = f();
+        sys::restore()?;
+        self.set_links(0)?;
+        run
     }
 
     /// Sets the link model of both devices: host links at `mbps`, the peer link at 4x
