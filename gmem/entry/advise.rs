@@ -256,8 +256,7 @@ impl SerialJob for Fence {
             Ok(()) => 0,
             Err(e) => e.to_errno(),
         };
-        *self.result.lock() = Some(r);
-        self.done.complete_all();
+        self.finish(r);
     }
 }
 
@@ -292,11 +291,17 @@ impl Fence {
     pub(crate) fn cancel(self: &Arc<Self>) {
         self.cancelled.store(true, Ordering::Release);
         if let Some(job) = self.space.unqueue_serial(Arc::as_ptr(self).cast()) {
-            *self.result.lock() = Some(ECANCELED.to_errno());
-            self.done.complete_all();
+            self.finish(ECANCELED.to_errno());
             // The queue's reference, dropped with no lock held.
             drop(job);
         }
+    }
+
+    /// Records the fence's result (0 or a negative errno) and wakes its waiters: once, by
+    /// whichever took the job off the space's queue (its run, or a cancel before it).
+    fn finish(&self, r: i32) {
+        *self.result.lock() = Some(r);
+        self.done.complete_all();
     }
 
     /// Waits for completion; returns the prefetch's result.
