@@ -16,7 +16,7 @@
 //! and can hot-unplug a device (`GMEM_SIM_IOC_UNPLUG`).
 //!
 //! Nothing here is `unsafe` for gmem's sake (that is all in the binding). What is left:
-//! touching memory pages (`sim_mem.rs`, and `sim_pt::PageTable::with_page`, which maps
+//! touching memory pages (`sim_mem.rs`, and `sim_pt::PageTable::access_pages`, which maps
 //! what an entry points at), the `FromBytes`/`AsBytes` marker impls of the ioctl argument
 //! structs (plain integers, no padding), and the init of the global device list.
 //!

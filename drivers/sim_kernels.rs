@@ -224,23 +224,10 @@ impl<'a, 's> Runner<'a, 's> {
         let pool = &self.dev.pool;
         for _ in 0..MAX_REPLAYS {
             {
-                let mut pt = self.ctx.access();
-                let hit1 = pt.present(va, write, pool);
-                let hit2 = va2.map(|(v, w)| pt.present(v, w, pool));
-                if hit1 {
-                    pt.touch(va & !PAGE_OFFSET);
-                }
-                if let (Some((v, _)), Some(true)) = (va2, hit2) {
-                    pt.touch(v & !PAGE_OFFSET);
-                }
-                if hit1 && hit2 != Some(false) {
-                    // Both present (just checked, under the same lock guard).
-                    let scratch = &mut self.scratch;
-                    let r = pt.with_page(va, write, pool, |m1| match va2 {
-                        None => Some(f(m1, None, scratch)),
-                        Some((v, w)) => pt.with_page(v, w, pool, |m2| f(m1, Some(m2), scratch)),
-                    });
-                    return r.flatten().ok_or(EIO)?;
+                let scratch = &mut self.scratch;
+                let r = self.ctx.access().access_pages((va, write), va2, pool, |m1, m2| f(m1, m2, scratch));
+                if let Some(r) = r {
+                    return r;
                 }
             }
             self.ensure(core::iter::once(va & !PAGE_OFFSET), write)?;

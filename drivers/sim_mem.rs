@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0
 //! The simulated device's memory: a pool of frames (real pages owned by the driver), the
 //! copy engine's page copies, and a scoped CPU mapping of a page with bounds-checked word
-//! access. This file (and `sim_pt::PageTable::with_page`, which decides which page may be
+//! access. This file (and `sim_pt::PageTable::access_pages`, which decides which page may be
 //! mapped) is where the driver touches memory; everything above it is safe code.
 
 use crate::gmem;

@@ -125,20 +125,50 @@ impl PageTable {
         self.resolve(va, write, pool).is_some()
     }
 
-    /// Runs `f` on the page `va` translates to (mapped for the call), or returns `None` on
-    /// a miss. The page table stays borrowed, i.e. its lock held, during the call.
-    pub(crate) fn with_page<R>(
-        &self,
-        va: u64,
-        write: bool,
+    /// One device access's walk for the page at `va` (`write` needs a writable entry): on a
+    /// hit, marks the page accessed and returns the page it translates to.
+    #[inline(always)]
+    fn hit(&mut self, va: u64, write: bool, pool: &Pool) -> Option<*mut bindings::page> {
+        let l = self.leaf_mut(va)?;
+        let k = ((va >> 12) as usize) % LEAF;
+        let page = match decode(l.get(k))? {
+            (_, false) if write => return None,
+            (Target::Frame(f), _) => pool.frame(f)?,
+            (Target::Host(p), _) => p,
+        };
+        // The page's own slot: its entry, or under a 2 MiB entry its shadow.
+        l.ptes[k] |= PTE_ACCESSED;
+        Some(page)
+    }
+
+    /// A device access to the page at `a.0` and, if given, the page at `b.0` (each with
+    /// whether it writes), one walk per page: every page that hits is marked accessed, and
+    /// if both hit, `f` runs on them (mapped for the call, the page-table lock held while
+    /// `self` is borrowed). `None` on a miss of either, without running `f`.
+    #[inline(always)]
+    pub(crate) fn access_pages<R>(
+        &mut self,
+        a: (u64, bool),
+        b: Option<(u64, bool)>,
         pool: &Pool,
-        f: impl FnOnce(&Mapped<'_>) -> R,
+        f: impl FnOnce(&Mapped<'_>, Option<&Mapped<'_>>) -> R,
     ) -> Option<R> {
-        let p = self.resolve(va, write, pool)?;
-        // SAFETY: a frame is a page of the device's pool, which outlives every context; a
-        // host page stays allocated until the unmap of its address returned (gmem's
-        // contract), and unmap takes the lock under which `self` is borrowed.
-        Some(unsafe { Mapped::with(p, f) })
+        let p1 = self.hit(a.0, a.1, pool);
+        let p2 = b.map(|(v, w)| self.hit(v, w, pool));
+        let p1 = p1?;
+        // Why the pages stay allocated during `f`: a frame is a page of the device's pool,
+        // which outlives every context; a host page stays allocated until the unmap of its
+        // address returned (gmem's contract), and unmap takes the lock under which `self`
+        // is borrowed for the whole call.
+        match p2 {
+            // SAFETY: `p1` stays allocated during the call (above).
+            None => Some(unsafe { Mapped::with(p1, |m1| f(m1, None)) }),
+            Some(p2) => {
+                let p2 = p2?;
+                // SAFETY: `p1` and `p2` stay allocated during the call (above).
+                Some(unsafe { Mapped::with(p1, |m1| Mapped::with(p2, |m2| f(m1, Some(m2)))) })
+            }
+        }
     }
 
     fn leaf_mut(&mut self, va: u64) -> Option<&mut Leaf> {
@@ -157,6 +187,7 @@ impl PageTable {
     }
 
     /// Marks a valid PTE accessed (the device just used it).
+    #[cfg(CONFIG_KUNIT = "y")]
     pub(crate) fn touch(&mut self, va: u64) {
         if let Some((s, true)) = self.acc_slot(va) {
             *s |= PTE_ACCESSED;
@@ -445,6 +476,49 @@ mod tests {
         assert_eq!(decode(pt.lookup(0x40_1000)), Some((Target::Frame(3), true)));
         assert!(pt.test_clear_accessed(0x40_1000));
         assert!(!pt.test_clear_accessed(0x40_1000));
+    }
+
+    #[test]
+    fn an_access_walks_once_marks_what_hit_and_runs_only_if_all_hit() {
+        let pool = Pool::new(4).expect("pool");
+        let ctx = SimCtx::new().expect("ctx");
+        ctx.prepare(0, 0x40_0000 >> 12).expect("prepare");
+        let mut pt = ctx.pt.lock();
+        // Frame 1 writable at 0x1000, frame 2 read-only at 0x2000; 0x3000 unmapped; frame 9
+        // (outside the pool) at 0x4000; frames 0-3 at 0x20_0000 under a 2 MiB entry.
+        pt.set(0x1000, encode(Target::Frame(1), true)).expect("set");
+        pt.set(0x2000, encode(Target::Frame(2), false)).expect("set");
+        pt.set(0x4000, encode(Target::Frame(9), true)).expect("set");
+        pt.set_huge(0x20_0000, encode(Target::Frame(0), true)).expect("huge");
+        // A write through the writable entry lands in frame 1 and marks it accessed.
+        let r = pt.access_pages((0x1000, true), None, &pool, |m, none| {
+            assert!(none.is_none());
+            m.write_u32(8, 0xabcd)
+        });
+        assert_eq!(r, Some(Ok(())));
+        assert!(pt.test_clear_accessed(0x1000));
+        // A write through a read-only entry, an unmapped page and a frame the pool does
+        // not have all miss, and nothing runs.
+        let mut ran = false;
+        assert!(pt.access_pages((0x2000, true), None, &pool, |_, _| ran = true).is_none());
+        assert!(pt.access_pages((0x3000, false), None, &pool, |_, _| ran = true).is_none());
+        assert!(pt.access_pages((0x4000, false), None, &pool, |_, _| ran = true).is_none());
+        assert!(!ran);
+        assert!(!pt.test_clear_accessed(0x2000));
+        // Two pages: the second misses, so nothing runs, but the first was accessed.
+        assert!(pt.access_pages((0x1000, false), Some((0x3000, false)), &pool, |_, _| ran = true).is_none());
+        assert!(!ran);
+        assert!(pt.test_clear_accessed(0x1000));
+        // Both hit: the source page is read, the destination (under the 2 MiB entry: page 1
+        // of the block is frame 1) written; each is marked in its own slot.
+        let r = pt.access_pages((0x2000, false), Some((0x20_1000, true)), &pool, |src, dst| {
+            let v = src.read_u32(0)?;
+            dst.map_or(Err(EINVAL), |d| d.read_u32(8)).map(|w| (v, w))
+        });
+        assert_eq!(r, Some(Ok((0, 0xabcd))));
+        assert!(pt.test_clear_accessed(0x2000));
+        assert!(pt.test_clear_accessed(0x20_1000));
+        assert!(!pt.test_clear_accessed(0x20_0000));
     }
 
     #[test]
