@@ -358,12 +358,12 @@ fn rest_fits(dev: &Device) -> bool {
 
 /// The transition of a device access by `d` to page `i` of `r`, with the advice in force
 /// (and a page that kept bouncing treated as accessed-by: it stays on the host, mapped
-/// remotely, for a while).
+/// remotely, for a while: `thrash`, if any page may be pinned, with the batch's time).
 fn dev_fault_step(
     r: &Region,
     p: &Pages,
     advice: &AdviceMap<ADVICE_RUNS>,
-    thrash: Option<&Thrash>,
+    thrash: Option<(&Thrash, u64)>,
     i: usize,
     write: bool,
     d: u8,
@@ -371,10 +371,7 @@ fn dev_fault_step(
     let bits = advice.get(i as u64);
     let s = p.state(i);
     let mut accessed_by = bits & (1 << d) != 0 || adv::preferred(bits) == Some(Target::Host);
-    if !accessed_by
-        && s.loc() == Loc::Host
-        && thrash.is_some_and(|t| !t.table.is_empty() && t.table.pinned(r.va(i), sched::now_ns()))
-    {
+    if !accessed_by && s.loc() == Loc::Host && thrash.is_some_and(|(t, now)| t.table.pinned(r.va(i), now)) {
         accessed_by = true;
     }
     let ev = Event::DevFault { dev: d, write, read_mostly: bits & adv::READ_MOSTLY != 0, accessed_by };
@@ -427,8 +424,10 @@ fn fault_pages(
         let mut refusal = None;
         let b0 = p.range().start;
         // The thrash table is consulted for the whole batch under one acquisition of its
-        // lock (a leaf), dropped before the executor runs.
-        let thrash = if tune::THRASH.load(Relaxed) { Some(space.thrash.lock()) } else { None };
+        // lock (a leaf), dropped before the executor runs, and at the batch's time: only
+        // while some page may be pinned (per page, the table was scanned for each).
+        let now = sched::now_ns();
+        let thrash = tune::THRASH.load(Relaxed).then(|| space.thrash.lock()).filter(|t| t.table.any_pinned(now));
         let mut faulted = idx[next_page..].iter().peekable();
         let pages = if rest { p.range() } else { idx[next_page]..idx[idx.len() - 1] + 1 };
         let mut stepper = prefetch::Stepper::new(d);
@@ -442,7 +441,7 @@ fn fault_pages(
                 }
                 continue;
             }
-            match dev_fault_step(r, &p, &advice, thrash.as_deref(), i, write, d) {
+            match dev_fault_step(r, &p, &advice, thrash.as_deref().map(|t| (t, now)), i, write, d) {
                 Ok(Some(st)) => steps.push(st, GFP_KERNEL)?,
                 Ok(None) => {}
                 Err(e) => {

@@ -145,6 +145,12 @@ impl Thrash {
         }
         self.table.on_move(va, now, &crate::obj::tune::thrash_params())
     }
+
+    /// Forgets the moves of the pages in `[start, end)` (a freed region).
+    pub(crate) fn forget(&mut self, start: u64, end: u64) {
+        self.recent.forget_range(start, end);
+        self.table.forget_range(start, end);
+    }
 }
 
 // SAFETY: every field is thread-safe; the maple tree (whose Rust abstraction does not

@@ -77,12 +77,22 @@ impl Entry {
 pub struct ThrashTable<const N: usize> {
     e: [Entry; N],
     events: u64,
+    /// No entry is pinned-remote at or after this time: the latest `pin_until` ever set
+    /// (an upper bound once pins expire or entries go). A fault's pages ask
+    /// [`ThrashTable::pinned`] one by one, and before this bound the table of stale entries
+    /// was scanned for each of them.
+    pin_horizon: u64,
 }
 
 impl<const N: usize> ThrashTable<N> {
     /// An empty table.
     pub const fn new() -> Self {
-        ThrashTable { e: [Entry::EMPTY; N], events: 0 }
+        ThrashTable { e: [Entry::EMPTY; N], events: 0, pin_horizon: 0 }
+    }
+
+    /// Whether any page may be pinned-remote at `now_ns` (false: none is).
+    pub fn any_pinned(&self, now_ns: u64) -> bool {
+        now_ns < self.pin_horizon
     }
 
     fn find(&self, page: u64) -> Option<usize> {
@@ -136,6 +146,7 @@ impl<const N: usize> ThrashTable<N> {
             return Verdict::Throttle;
         }
         x.pin_until = now_ns.saturating_add(p.pin_ns);
+        self.pin_horizon = self.pin_horizon.max(x.pin_until);
         x.moves = 0;
         x.throttles = 0;
         Verdict::PinRemote
@@ -143,7 +154,7 @@ impl<const N: usize> ThrashTable<N> {
 
     /// Whether `page` is pinned-remote at `now_ns` (pin not expired).
     pub fn pinned(&self, page: u64, now_ns: u64) -> bool {
-        self.find(page).is_some_and(|i| now_ns < self.e[i].pin_until)
+        self.any_pinned(now_ns) && self.find(page).is_some_and(|i| now_ns < self.e[i].pin_until)
     }
 
     /// Number of Throttle and PinRemote verdicts given.
@@ -166,10 +177,18 @@ impl<const N: usize> ThrashTable<N> {
         self.find(page).is_some()
     }
 
-    /// Drops the entry of `page` (e.g. when its region is freed).
+    /// Drops the entry of `page`.
     pub fn forget(&mut self, page: u64) {
         if let Some(i) = self.find(page) {
             self.e[i] = Entry::EMPTY;
+        }
+    }
+
+    /// Drops the entries of the pages in `[start, end)` (a freed region: what is mapped
+    /// there later starts with no history).
+    pub fn forget_range(&mut self, start: u64, end: u64) {
+        for x in self.e.iter_mut().filter(|x| x.used && (start..end).contains(&x.page)) {
+            *x = Entry::EMPTY;
         }
     }
 }
@@ -234,6 +253,59 @@ mod tests {
     }
 
     #[test]
+    fn a_freed_range_leaves_no_history() {
+        // Page 0x1000 pinned, 0x2000 in a burst, 0x9000 outside the range.
+        let mut t: ThrashTable<4> = ThrashTable::new();
+        let mut now = 0;
+        for _ in 0..30 {
+            for page in [0x1000, 0x2000, 0x9000] {
+                t.on_move(page, now, &P);
+            }
+            now += 10 * US;
+        }
+        assert!(t.pinned(0x1000, now) && t.pinned(0x9000, now));
+        t.forget_range(0x1000, 0x9000);
+        assert!(!t.contains(0x1000) && !t.contains(0x2000));
+        assert!(!t.pinned(0x1000, now));
+        // A page mapped there later starts over: two moves, no verdict yet.
+        assert_eq!(t.on_move(0x1000, now, &P), Verdict::Migrate);
+        assert_eq!(t.on_move(0x1000, now + 1, &P), Verdict::Migrate);
+        // Outside the range, kept.
+        assert!(t.pinned(0x9000, now));
+        let mut r = RecentMoves::<64>::new();
+        for page in [0x1000, 0x2000, 0x9000] {
+            r.seen_again(page);
+        }
+        r.forget_range(0x1000, 0x9000);
+        assert!(!r.seen_again(0x1000) && !r.seen_again(0x2000));
+        assert!(r.seen_again(0x9000));
+    }
+
+    proptest::proptest! {
+        /// `pinned` (with its horizon) answers as a scan of every entry would, and
+        /// `any_pinned` is false only when no page is pinned.
+        #[test]
+        fn pinned_answers_as_a_scan(ops in proptest::collection::vec((0u64..6, 0u64..400, proptest::bool::ANY), 1..200)) {
+            let p = ThrashParams { window_ns: 100, moves: 2, throttles_to_pin: 2, pin_ns: 1_000 };
+            let mut t: ThrashTable<3> = ThrashTable::new();
+            let mut now = 0u64;
+            for (page, step, forget) in ops {
+                now += step;
+                if forget {
+                    t.forget_range(page, page + 2);
+                } else {
+                    t.on_move(page, now, &p);
+                }
+                for q in 0..6u64 {
+                    let scan = t.e.iter().any(|x| x.used && x.page == q && now < x.pin_until);
+                    proptest::prop_assert_eq!(t.pinned(q, now), scan);
+                    proptest::prop_assert!(t.any_pinned(now) || !scan);
+                }
+            }
+        }
+    }
+
+    #[test]
     fn lru_replacement() {
         let mut t: ThrashTable<2> = ThrashTable::new();
         t.on_move(1, 0, &P);
@@ -280,6 +352,13 @@ impl<const N: usize> RecentMoves<N> {
         // Fibonacci hashing of the page number; N is a power of two.
         let h = (page >> 12).wrapping_mul(0x9E37_79B9_7F4A_7C15);
         (h >> 32) as usize & (N.max(1) - 1)
+    }
+
+    /// Forgets the moves of the pages in `[start, end)` (see [`ThrashTable::forget_range`]).
+    pub fn forget_range(&mut self, start: u64, end: u64) {
+        for s in self.slots.iter_mut().filter(|s| **s != 0 && (start..end).contains(&(**s - 1))) {
+            *s = 0;
+        }
     }
 
     /// Records a move of `page`; true if the page was recorded before and not displaced.

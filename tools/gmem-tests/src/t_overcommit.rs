@@ -591,8 +591,14 @@ pub fn with_slow_thrash_window(f: fn() -> TestResult) -> TestResult {
 fn ping_pong() -> TestResult {
     let (g, s) = open()?;
     let r = ok!(g.alloc(64 * 1024));
+    bounce_until_pinned(&g, &s, &r)
+}
+
+/// CPU and device take turns writing the first page of `r` until thrashing detection pins
+/// it on the host with a remote device mapping; checks the data throughout.
+fn bounce_until_pinned(g: &Gmem, s: &Sim, r: &Region<'_>) -> TestResult {
     let before = counter(0, "prefetch.thrash_events")?;
-    let w = words(&r);
+    let w = words(r);
     let mut expect = 0u32;
     let mut remote = false;
     for round in 0..200 {
@@ -611,6 +617,35 @@ fn ping_pong() -> TestResult {
     ensure!(events > 0, "no thrash event after 200 bounces");
     ensure!(remote, "page never pinned on the host with a remote mapping ({events} events)");
     ensure!(w[0] == expect, "data lost while bouncing: {} != {expect}", w[0]);
+    Ok(())
+}
+
+/// A region freed while a page of it was pinned on the host for thrashing leaves no such
+/// history behind: a new region at the same address is fresh memory, whose page, written
+/// by the CPU, goes to the device on the device's first write. (Before, the space's thrash table still held
+/// the old page's pin, and the new page stayed on the host, mapped remotely.)
+fn a_new_region_where_a_freed_one_thrashed_starts_afresh() -> TestResult {
+    with_slow_thrash_window(afresh)
+}
+
+fn afresh() -> TestResult {
+    let (g, s) = open()?;
+    let r = ok!(g.alloc(64 * 1024));
+    let addr = r.addr;
+    bounce_until_pinned(&g, &s, &r)?;
+    drop(r);
+    // The same size again: mmap hands out the address just freed.
+    let r = ok!(g.alloc(64 * 1024));
+    ensure!(r.addr == addr, "the new region is at {:#x}, not at the freed one's {addr:#x}", r.addr);
+    // Written by the CPU first (a page on the host, as the pinned one was), then by the device.
+    words(&r)[0] = 5;
+    ok!(s.touch(r.addr, 4096, 1, 1, true));
+    let q = ok!(g.query(r.addr, 1))[0];
+    ensure!(
+        q_loc(q) == GMEM_LOC_DEVICE && q & GMEM_Q_REMOTE == 0,
+        "the new region's page stayed where the old one was pinned (query word {q:#x})"
+    );
+    ensure!(words(&r)[0] == 6, "the device's write is not there: {}", words(&r)[0]);
     Ok(())
 }
 
@@ -757,5 +792,9 @@ pub fn tests() -> Vec<Test> {
         Test { name: "eviction_races_free_munmap_and_exit", f: eviction_races_free_munmap_and_exit },
         Test { name: "host_oom_during_eviction_fails_cleanly", f: host_oom_during_eviction_fails_cleanly },
         Test { name: "ping_pong_page_is_detected_and_pinned_remote", f: ping_pong_page_is_detected_and_pinned_remote },
+        Test {
+            name: "a_new_region_where_a_freed_one_thrashed_starts_afresh",
+            f: a_new_region_where_a_freed_one_thrashed_starts_afresh,
+        },
     ]
 }
