@@ -509,8 +509,8 @@ mod tests {
         assert!(pt.access_pages((0x1000, false), Some((0x3000, false)), &pool, |_, _| ran = true).is_none());
         assert!(!ran);
         assert!(pt.test_clear_accessed(0x1000));
-        // Both hit: the source page is read, the destination (under the 2 MiB entry: page 1
-        // of the block is frame 1) written; each is marked in its own slot.
+        // Both hit: the source page and the destination (under the 2 MiB entry: page 1 of
+        // the block is frame 1, written above) are read; each is marked in its own slot.
         let r = pt.access_pages((0x2000, false), Some((0x20_1000, true)), &pool, |src, dst| {
             let v = src.read_u32(0)?;
             dst.map_or(Err(EINVAL), |d| d.read_u32(8)).map(|w| (v, w))

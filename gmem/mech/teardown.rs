@@ -36,7 +36,7 @@ pub(crate) fn teardown(region: &Arc<Region>) {
     }
     region.space.remove_region(region);
     // What is mapped here later starts with no thrashing history of this region's pages.
-    let (start, end) = (region.start as u64, region.start.saturating_add(region.len()) as u64);
+    let (start, end) = (region.start as u64, region.end() as u64);
     region.space.thrash.lock().forget(start, end);
     // A device streaming through the region stops following it (`Device::behind_reader`).
     // Device by device: `devices::all` allocates, and could come back empty.
