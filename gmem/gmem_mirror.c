@@ -25,7 +25,7 @@
 #include <linux/sched/mm.h>
 #include <linux/slab.h>
 
-/* gmem/obj/mirror.rs: drops the device entries of [start, end); false to refuse. */
+/* gmem/exec/mirror.rs: drops the device entries of [start, end); false to refuse. */
 bool gmem_mirror_invalidate(void *owner, struct mmu_interval_notifier *mni, unsigned long start,
 			    unsigned long end, bool blockable, unsigned long cur_seq);
 
@@ -80,6 +80,71 @@ void gmem_mirror_free(struct gmem_mirror *m)
 {
 	mmu_interval_notifier_remove(&m->notifier);
 	kfree(m);
+}
+
+/* gmem/exec/mirror.rs: the process is unmapping [start, end); the space forgets them. */
+void gmem_space_unmapped(void *owner, unsigned long start, unsigned long end);
+
+/*
+ * The unmap watch of a space: one (plain) MMU notifier over the whole address space,
+ * registered on the first advice on ordinary memory, that tells the space which addresses
+ * the process unmaps (munmap, mremap moving them; MMU_NOTIFY_UNMAP), so that their advice
+ * and thrashing history go with them. Every other invalidation returns at once. An exiting
+ * process's notifiers are released before its address space is unmapped, and the space
+ * goes with the process.
+ */
+struct gmem_unmap_watch {
+	struct mmu_notifier mn;
+	void *owner;
+};
+
+static int gmem_unmap_watch_start(struct mmu_notifier *mn, const struct mmu_notifier_range *range)
+{
+	struct gmem_unmap_watch *w = container_of(mn, struct gmem_unmap_watch, mn);
+
+	/*
+	 * An unmap holds the mmap lock and may sleep (the OOM reaper, which may not, only
+	 * clears: the check is defensive).
+	 */
+	if (range->event == MMU_NOTIFY_UNMAP && mmu_notifier_range_blockable(range) &&
+	    range->end > range->start)
+		gmem_space_unmapped(w->owner, range->start, range->end);
+	return 0;
+}
+
+static const struct mmu_notifier_ops gmem_unmap_watch_ops = {
+	.invalidate_range_start = gmem_unmap_watch_start,
+};
+
+struct gmem_unmap_watch *gmem_unmap_watch_new(struct mm_struct *mm, void *owner);
+/*
+ * Registers the unmap watch of @mm for @owner (the space). Process context, no mmap lock
+ * held (registration takes it), a user reference on @mm. An ERR_PTR on failure.
+ */
+struct gmem_unmap_watch *gmem_unmap_watch_new(struct mm_struct *mm, void *owner)
+{
+	struct gmem_unmap_watch *w;
+	int ret;
+
+	w = kzalloc(sizeof(*w), GFP_KERNEL_ACCOUNT);
+	if (!w)
+		return ERR_PTR(-ENOMEM);
+	w->owner = owner;
+	w->mn.ops = &gmem_unmap_watch_ops;
+	ret = mmu_notifier_register(&w->mn, mm);
+	if (ret) {
+		kfree(w);
+		return ERR_PTR(ret);
+	}
+	return w;
+}
+
+void gmem_unmap_watch_free(struct gmem_unmap_watch *w);
+/* Unregisters and frees: waits for running callbacks; none runs afterwards. May sleep. */
+void gmem_unmap_watch_free(struct gmem_unmap_watch *w)
+{
+	mmu_notifier_unregister(&w->mn, w->mn.mm);
+	kfree(w);
 }
 
 void gmem_mirror_set_seq(struct mmu_interval_notifier *mni, unsigned long cur_seq);
@@ -153,6 +218,28 @@ int gmem_mirror_check(struct mm_struct *mm, unsigned long addr, bool write, bool
 	ret = home ? gmem_mirror_vma_home_ok(vma) : gmem_mirror_vma_ok(vma, write);
 	mmap_read_unlock(mm);
 	return ret;
+}
+
+bool gmem_mirror_next_mapped(struct mm_struct *mm, unsigned long addr, unsigned long end,
+			     unsigned long *lo, unsigned long *hi);
+/*
+ * The first part of [@addr, @end) that a VMA of @mm maps, as [@lo, @hi): false if none does.
+ * The caller holds the mmap lock.
+ */
+bool gmem_mirror_next_mapped(struct mm_struct *mm, unsigned long addr, unsigned long end,
+			     unsigned long *lo, unsigned long *hi)
+{
+	struct vm_area_struct *vma;
+
+	mmap_assert_locked(mm);
+	if (addr >= end)
+		return false;
+	vma = find_vma(mm, addr);
+	if (!vma || vma->vm_start >= end)
+		return false;
+	*lo = max(addr, vma->vm_start);
+	*hi = min(end, vma->vm_end);
+	return true;
 }
 
 int gmem_mirror_fault(struct gmem_mirror *m, void *owner, unsigned long start, const u8 *req,

@@ -108,12 +108,12 @@ fn advise_until(space: &Space, a: &Advice, cancel: Option<&Arc<AtomicBool>>) -> 
     if count == 0 {
         return Ok(());
     }
-    if let Some(res) = location_hint(&region.advice, r, a, || device(a.dev)) {
+    if let Some(res) = location_hint(&region.advice, &[r], a, || device(a.dev)) {
         return res;
     }
     match a.advice {
-        READ_MOSTLY => hint(&region.advice, r, true, adv::READ_MOSTLY, None),
-        UNSET_READ_MOSTLY => hint(&region.advice, r, false, adv::READ_MOSTLY, None),
+        READ_MOSTLY => hint(&region.advice, &[r], true, adv::READ_MOSTLY, None),
+        UNSET_READ_MOSTLY => hint(&region.advice, &[r], false, adv::READ_MOSTLY, None),
         PREFETCH | PIN | UNPIN | DONTNEED => {
             let (event, target) = match a.advice {
                 PREFETCH if a.dev == HOST => (Event::Prefetch { to: Target::Host }, None),
@@ -145,46 +145,54 @@ fn still_alive(dev: Option<&Device>) -> Result {
     }
 }
 
-/// Sets (or clears) advice `bits` over `r` in `map` (for a set naming a device, `dev`:
-/// see [`still_alive`]); `E2BIG` if it has no room for the runs.
-fn hint(map: &Mutex<AdviceMap<ADVICE_RUNS>>, r: PageRange, set: bool, bits: u32, dev: Option<&Device>) -> Result {
-    let mut m = map.lock();
-    still_alive(dev)?;
-    let res = if set { m.set(r, bits) } else { m.clear(r, bits) };
-    res.map_err(|_| E2BIG)
-}
-
-/// Replaces the preferred location of `r` in `map` by `v` (`region::adv` encoding; `dev`
-/// the device it names, if any: see [`still_alive`]): all or nothing (`E2BIG` if the map
-/// has no room for the runs).
-fn prefer(map: &Mutex<AdviceMap<ADVICE_RUNS>>, r: PageRange, v: u32, dev: Option<&Device>) -> Result {
+/// Sets (or clears) advice `bits` over the ranges `rs` in `map` (for a set naming a
+/// device, `dev`: see [`still_alive`]): all or nothing (`E2BIG` if the map has no room
+/// for the runs).
+fn hint(map: &Mutex<AdviceMap<ADVICE_RUNS>>, rs: &[PageRange], set: bool, bits: u32, dev: Option<&Device>) -> Result {
     let mut cur = map.lock();
     still_alive(dev)?;
     let mut m = *cur;
-    m.clear(r, adv::PREF_MASK).map_err(|_| E2BIG)?;
-    m.set(r, v << adv::PREF_SHIFT).map_err(|_| E2BIG)?;
+    for &r in rs {
+        let res = if set { m.set(r, bits) } else { m.clear(r, bits) };
+        res.map_err(|_| E2BIG)?;
+    }
     *cur = m;
     Ok(())
 }
 
-/// The location hints of `a` (PREFERRED_LOC, ACCESSED_BY and their unsets) over `r` in
-/// `map`, a region's advice or the space's for ordinary memory: the same bits for both.
-/// `dev` checks the device `a` names for setting them and returns it. `None` for any
-/// other advice.
+/// Replaces the preferred location of the ranges `rs` in `map` by `v` (`region::adv`
+/// encoding; `dev` the device it names, if any: see [`still_alive`]): all or nothing
+/// (`E2BIG` if the map has no room for the runs).
+fn prefer(map: &Mutex<AdviceMap<ADVICE_RUNS>>, rs: &[PageRange], v: u32, dev: Option<&Device>) -> Result {
+    let mut cur = map.lock();
+    still_alive(dev)?;
+    let mut m = *cur;
+    for &r in rs {
+        m.clear(r, adv::PREF_MASK).map_err(|_| E2BIG)?;
+        m.set(r, v << adv::PREF_SHIFT).map_err(|_| E2BIG)?;
+    }
+    *cur = m;
+    Ok(())
+}
+
+/// The location hints of `a` (PREFERRED_LOC, ACCESSED_BY and their unsets) over the ranges
+/// `rs` in `map`, a region's advice or the space's for ordinary memory: the same bits for
+/// both. `dev` checks the device `a` names for setting them and returns it. `None` for
+/// any other advice.
 fn location_hint(
     map: &Mutex<AdviceMap<ADVICE_RUNS>>,
-    r: PageRange,
+    rs: &[PageRange],
     a: &Advice,
     dev: impl Fn() -> Result<Arc<Device>>,
 ) -> Option<Result> {
     // Device ids are below `MAX_DEVICES` (16).
     let id = |d: &Device| u32::try_from(d.id).map_err(|_| EINVAL);
     Some(match a.advice {
-        PREFERRED_LOC if a.dev == HOST => prefer(map, r, adv::PREF_HOST, None),
-        PREFERRED_LOC => dev().and_then(|d| prefer(map, r, id(&d)? + 1, Some(&d))),
-        UNSET_PREFERRED_LOC => hint(map, r, false, adv::PREF_MASK, None),
-        ACCESSED_BY => dev().and_then(|d| hint(map, r, true, 1u32 << id(&d)?, Some(&d))),
-        UNSET_ACCESSED_BY => device_id(a.dev).and_then(|d| hint(map, r, false, 1u32 << d, None)),
+        PREFERRED_LOC if a.dev == HOST => prefer(map, rs, adv::PREF_HOST, None),
+        PREFERRED_LOC => dev().and_then(|d| prefer(map, rs, id(&d)? + 1, Some(&d))),
+        UNSET_PREFERRED_LOC => hint(map, rs, false, adv::PREF_MASK, None),
+        ACCESSED_BY => dev().and_then(|d| hint(map, rs, true, 1u32 << id(&d)?, Some(&d))),
+        UNSET_ACCESSED_BY => device_id(a.dev).and_then(|d| hint(map, rs, false, 1u32 << d, None)),
         _ => return None,
     })
 }
@@ -203,12 +211,16 @@ fn sysmem_dev(a: &Advice) -> Result<Arc<Device>> {
 /// Advice on ordinary process memory, `[start, end)` (page aligned, its first page in no
 /// region but in a mapping gmem mirrors): a PREFETCH to a device migrates what can move
 /// into its memory and maps the range there, one to the host brings migrated pages back;
-/// PREFERRED_LOC and ACCESSED_BY are recorded for the space and steer its device faults
-/// there (mech/sysmem.rs).
+/// PREFERRED_LOC and ACCESSED_BY are recorded for the space (on the range's mapped parts,
+/// [`sysmem_hint`]) and steer its device faults there (mech/sysmem.rs).
 fn sysmem_advise(space: &Space, a: &Advice, start: u64, end: u64, cancel: Option<&Arc<AtomicBool>>) -> Result {
     let dev = || sysmem_dev(a);
+    if matches!(a.advice, PREFERRED_LOC | ACCESSED_BY) {
+        return sysmem_hint(space, a, start, end);
+    }
+    // Unsets: over the whole range (there is advice only where mappings are).
     let r = PageRange { first: start / 4096, count: (end - start) / 4096 };
-    if let Some(res) = location_hint(&space.sysmem_advice, r, a, dev) {
+    if let Some(res) = location_hint(&space.sysmem_advice, &[r], a, dev) {
         return res;
     }
     match a.advice {
@@ -217,6 +229,28 @@ fn sysmem_advise(space: &Space, a: &Advice, start: u64, end: u64, cancel: Option
         // READ_MOSTLY, PIN, UNPIN, DONTNEED: regions only.
         _ => Err(ENOENT),
     }
+}
+
+/// PREFERRED_LOC or ACCESSED_BY of ordinary memory, `[start, end)`: set on the parts of the
+/// range that mappings cover, as mbind sets a policy on VMAs, so that the advice ends with
+/// the mapping and a later mapping at the same addresses (or in a hole of the range) does
+/// not get it. The space's unmap watch is registered first, so the munmap of an advised
+/// part always reaches `Space::forget_unmapped`; the advice goes on under the mmap read
+/// lock, where nothing can be mapped or unmapped.
+fn sysmem_hint(space: &Space, a: &Advice, start: u64, end: u64) -> Result {
+    let mm = space.mm_user().ok_or(EFAULT)?;
+    space.watch_unmaps(&mm)?;
+    // More parts than the map has runs could never all be advised.
+    mirror::with_mapped(&mm, start, end, ADVICE_RUNS, |parts| {
+        let mut rs = KVec::new();
+        rs.reserve(parts.len(), GFP_KERNEL)?;
+        for &(lo, hi) in parts {
+            // Capacity reserved above.
+            let _ = rs.push_within_capacity(PageRange { first: lo / 4096, count: (hi - lo) / 4096 });
+        }
+        // (Always `Some` for these two.)
+        location_hint(&space.sysmem_advice, &rs, a, || sysmem_dev(a)).unwrap_or(Err(EINVAL))
+    })?
 }
 
 /// An asynchronous PREFETCH: run on gmem's workqueue, waited for with GMEM_IOC_WAIT.

@@ -275,6 +275,20 @@ unsafe extern "C" fn gmem_mirror_invalidate(
     true
 }
 
+/// The unmap watch's callback (`gmem/gmem_mirror.c`): the process is unmapping `[start,
+/// end)` (munmap, mremap moving it; the mmap lock is held, and sleeping is allowed), so the
+/// space forgets what it remembers of those addresses (`Space::forget_unmapped`).
+///
+/// # Safety
+/// `owner` is the `Space` the watch was registered for, alive until the watch is removed
+/// (which waits for this call).
+#[no_mangle]
+unsafe extern "C" fn gmem_space_unmapped(owner: *const c_void, start: c_ulong, end: c_ulong) {
+    // SAFETY: by the caller's contract.
+    let space = unsafe { &*owner.cast::<Space>() };
+    space.forget_unmapped(start as u64, end as u64);
+}
+
 /// Whether some device has a page of `[start, end)` mapped (a device that unregistered
 /// has no entries left, whatever its record still says). A device that is unregistering
 /// but not gone yet still counts: `unmap_range` would call its driver, which may sleep.

@@ -436,13 +436,17 @@ fn fault_pages(
                 if rest {
                     if let Some(st) = stepper.step(&p, &advice, i) {
                         ahead[(i - b0) / 64] |= 1 << ((i - b0) % 64);
-                        steps.push(st, GFP_KERNEL)?;
+                        // Never allocates under `Space::thrash`, which the unmap watch
+                        // takes inside the kernel's invalidation: room for a step per page
+                        // of the block (or per faulted page) is reserved above.
+                        steps.push_within_capacity(st).map_err(|_| ENOMEM)?;
                     }
                 }
                 continue;
             }
             match dev_fault_step(r, &p, &advice, thrash.as_deref().map(|t| (t, now)), i, write, d) {
-                Ok(Some(st)) => steps.push(st, GFP_KERNEL)?,
+                // (As above: no allocation under `Space::thrash`.)
+                Ok(Some(st)) => steps.push_within_capacity(st).map_err(|_| ENOMEM)?,
                 Ok(None) => {}
                 Err(e) => {
                     refusal = Some(migrate::refusal_errno(e));

@@ -39,7 +39,7 @@ use core::sync::atomic::{AtomicPtr, Ordering};
 use kernel::{
     bindings,
     ffi::{c_int, c_ulong, c_void},
-    mm::Mm,
+    mm::{Mm, MmWithUser},
     prelude::*,
     rbtree::{RBTree, RBTreeNode},
     sync::{Arc, Mutex, MutexGuard},
@@ -56,6 +56,15 @@ extern "C" {
     fn gmem_mirror_set_seq(mni: *mut c_void, cur_seq: c_ulong);
     fn gmem_mirror_check(mm: *mut c_void, addr: c_ulong, write: bool, home: bool) -> c_int;
     fn gmem_mirror_retry(m: *mut c_void, seq: c_ulong) -> bool;
+    fn gmem_unmap_watch_new(mm: *mut c_void, owner: *const c_void) -> *mut c_void;
+    fn gmem_unmap_watch_free(w: *mut c_void);
+    fn gmem_mirror_next_mapped(
+        mm: *mut c_void,
+        addr: c_ulong,
+        end: c_ulong,
+        lo: *mut c_ulong,
+        hi: *mut c_ulong,
+    ) -> bool;
     fn gmem_mirror_fault(
         m: *mut c_void,
         owner: *mut c_void,
@@ -93,6 +102,47 @@ pub(crate) struct Notifier {
 unsafe impl Send for Notifier {}
 // SAFETY: as above.
 unsafe impl Sync for Notifier {}
+
+/// The unmap watch of one space (C side `gmem/gmem_mirror.c`): an MMU notifier over the
+/// whole address space whose only work is to pass each unmap (munmap, mremap moving a
+/// range) to `owner`'s `Space::forget_unmapped` (`gmem_space_unmapped` in exec/mirror.rs).
+///
+/// # Invariants
+/// `ptr` is a `struct gmem_unmap_watch` from `gmem_unmap_watch_new`, freed only by the
+/// drop, once.
+pub(crate) struct UnmapWatch {
+    ptr: NonNull<c_void>,
+}
+
+// SAFETY: the C object is only registered and freed, from any thread.
+unsafe impl Send for UnmapWatch {}
+// SAFETY: shared references do nothing with it.
+unsafe impl Sync for UnmapWatch {}
+
+impl UnmapWatch {
+    /// Registers the unmap watch of `mm` for `owner`. Takes the mmap lock: call with no
+    /// lock held.
+    ///
+    /// # Safety
+    /// `owner` must be a `Space` that stays valid (and pinned) until the watch is dropped.
+    pub(crate) unsafe fn new(mm: &MmWithUser, owner: *const c_void) -> Result<UnmapWatch> {
+        // SAFETY: `mm` has users (the caller's reference) and no mmap lock is held; `owner`
+        // outlives the watch (the caller's contract).
+        let p = unsafe { gmem_unmap_watch_new(mm.as_raw().cast(), owner) };
+        let p = kernel::error::from_err_ptr(p)?;
+        // INVARIANT: a live object from `gmem_unmap_watch_new`.
+        NonNull::new(p).map(|ptr| UnmapWatch { ptr }).ok_or(ENOMEM)
+    }
+}
+
+impl Drop for UnmapWatch {
+    /// Unregisters and frees the watch; waits for a running callback, none runs afterwards.
+    /// May sleep.
+    fn drop(&mut self) {
+        // SAFETY: live and freed only here (type invariant).
+        unsafe { gmem_unmap_watch_free(self.ptr.as_ptr()) };
+    }
+}
 
 /// A snapshot of one block taken by [`Notifier::fault`]: pages `first .. first + count`
 /// of the block were walked; valid while the notifier sequence `seq` is current.
@@ -212,6 +262,42 @@ fn check_vma(mm: &Mm, addr: u64, write: bool, home: bool) -> Result {
     let addr = c_ulong::try_from(addr).map_err(|_| EFAULT)?;
     // SAFETY: `mm` is live and has users (the caller's reference); no lock is held.
     kernel::error::to_result(unsafe { gmem_mirror_check(mm.as_raw().cast(), addr, write, home) })
+}
+
+/// Calls `f` with the parts of `[start, end)` that mappings of `mm` cover, in address order
+/// (touching mappings make one part), under the mmap read lock: nothing is mapped or
+/// unmapped there until `f` returns. More than `most` parts: `E2BIG`, without calling `f`.
+/// Call with no lock held and a user reference on `mm`.
+pub(crate) fn with_mapped<R>(
+    mm: &MmWithUser,
+    start: u64,
+    end: u64,
+    most: usize,
+    f: impl FnOnce(&[(u64, u64)]) -> R,
+) -> Result<R> {
+    let end = c_ulong::try_from(end).map_err(|_| EFAULT)?;
+    let mut a = c_ulong::try_from(start).map_err(|_| EFAULT)?;
+    let mut parts: KVec<(u64, u64)> = KVec::new();
+    let lock = mm.mmap_read_lock();
+    while a < end {
+        let (mut lo, mut hi): (c_ulong, c_ulong) = (0, 0);
+        // SAFETY: `mm` is live (the caller's reference), its mmap lock is held (`lock`), and
+        // `lo`, `hi` are writable.
+        if !unsafe { gmem_mirror_next_mapped(mm.as_raw().cast(), a, end, &mut lo, &mut hi) } {
+            break;
+        }
+        let n = parts.len();
+        match parts.last_mut() {
+            Some(last) if last.1 == lo as u64 => last.1 = hi as u64,
+            _ if n >= most => return Err(E2BIG),
+            _ => parts.push((lo as u64, hi as u64), GFP_KERNEL)?,
+        }
+        // `hi > a`: the mapping found ends after `a`.
+        a = hi;
+    }
+    let r = f(&parts);
+    drop(lock);
+    Ok(r)
 }
 
 /// Records `cur_seq` as the notifier's sequence: the invalidate callback does this under

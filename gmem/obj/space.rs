@@ -6,13 +6,15 @@
 //!
 //! Lock order: `SPACES` and the maple tree's internal lock are leaves; `Space::ctxs` and
 //! `Space::thrash` are taken under a block lock (see Documentation/design.rst);
-//! `Space::mirror` is taken by MMU-notifier callbacks (see obj/mirror.rs).
+//! `Space::mirror` is taken by MMU-notifier callbacks (see obj/mirror.rs), and the leaves
+//! `Space::sysmem_advice` and `Space::thrash` by the unmap watch's
+//! ([`Space::forget_unmapped`]).
 
 use crate::obj::device::{Ctx, Device};
 use crate::obj::devices::MAX_DEVICES;
-use crate::obj::mirror::{self, MirrorState, Notifier, CHUNK_BYTES};
-use crate::obj::region::{Region, ADVICE_RUNS};
-use crate::policy::range::AdviceMap;
+use crate::obj::mirror::{self, MirrorState, Notifier, UnmapWatch, CHUNK_BYTES};
+use crate::obj::region::{Region, ADVICE_RUNS, BLOCK_BYTES, PAGE_SIZE};
+use crate::policy::range::{AdviceMap, PageRange};
 use crate::policy::thrash::{RecentMoves, ThrashTable, Verdict};
 use core::mem::ManuallyDrop;
 use core::ops::Deref;
@@ -82,10 +84,17 @@ pub(crate) struct Space {
     #[pin]
     notifiers: Mutex<RBTree<u64, Arc<Notifier>>>,
     /// Advice on ordinary process memory (PREFERRED_LOC, ACCESSED_BY; bits as a region's,
-    /// `region::adv`), by absolute page number. Kept per address range until unset (it does
-    /// not follow munmap). A leaf lock.
+    /// `region::adv`), by absolute page number: set only on mapped pages, after `unmaps`
+    /// is registered, and forgotten when they are unmapped ([`Space::forget_unmapped`]). A
+    /// leaf lock, taken under the mmap lock by both.
     #[pin]
     pub(crate) sysmem_advice: Mutex<AdviceMap<ADVICE_RUNS>>,
+    /// The unmap watch (obj/mirror.rs), registered with the first advice on ordinary
+    /// memory and removed first thing when the space is dropped. A leaf lock: only the
+    /// option is swapped under it (registration, which takes the mmap lock, and removal,
+    /// which waits for callbacks, happen outside).
+    #[pin]
+    unmaps: Mutex<Option<UnmapWatch>>,
     /// References on the address space's users that gmem's workers hold (read-ahead in
     /// both directions and on every device, PREFETCH lanes): changed only together with
     /// taking or dropping one, under this lock, so that workers taking turns never keep an
@@ -205,6 +214,7 @@ pub(crate) fn open(mm: &Mm) -> Result<Arc<Space>> {
             mirror <- new_mutex!(MirrorState::new(), "gmem_mirror"),
             notifiers <- new_mutex!(RBTree::new(), "gmem_mirror_notifiers"),
             sysmem_advice <- new_mutex!(AdviceMap::new(), "gmem_sysmem_advice"),
+            unmaps <- new_mutex!(None, "gmem_space_unmaps"),
             workers_mm <- new_mutex!(0, "gmem_space_workers_mm"),
             stats: SpaceStats::default(),
         }),
@@ -414,6 +424,55 @@ impl Space {
         Ok(n)
     }
 
+    /// Registers the unmap watch if it is not yet: from its return on, every unmap of the
+    /// process's memory reaches [`Space::forget_unmapped`]. Call with no lock held and a
+    /// user reference on the mm (registration takes the mmap lock).
+    pub(crate) fn watch_unmaps(&self, mm: &MmWithUser) -> Result {
+        if self.unmaps.lock().is_some() {
+            return Ok(());
+        }
+        // SAFETY: `self` is pinned (spaces live in `Arc`s) and outlives the watch, which
+        // `PinnedDrop` drops before anything else of the space goes.
+        let w = unsafe { UnmapWatch::new(mm, core::ptr::from_ref(self).cast()) }?;
+        let mut slot = self.unmaps.lock();
+        if slot.is_none() {
+            *slot = Some(w);
+            return Ok(());
+        }
+        // Another thread registered one meanwhile: ours is removed after the lock
+        // (removal waits for callbacks).
+        drop(slot);
+        drop(w);
+        Ok(())
+    }
+
+    /// Forgets what gmem remembers of `[start, end)`, which the process is unmapping (the
+    /// unmap watch's callback, under the mmap lock): the advice on its pages, and the
+    /// thrashing history of the addresses in it: region pages', and that of the 2 MiB
+    /// blocks of ordinary memory it reaches into (keyed by the block's address,
+    /// `mech/sysmem.rs`, which for the first block lies before `start`). A later mapping at
+    /// these addresses is new memory and starts without either. Allocates nothing: both
+    /// locks are leaves that the kernel's invalidation takes now (which memory reclaim
+    /// enters too), so nothing may allocate under them.
+    pub(crate) fn forget_unmapped(&self, start: u64, end: u64) {
+        let page = PAGE_SIZE as u64;
+        let first = start / page;
+        let pages = PageRange { first, count: end.div_ceil(page).saturating_sub(first) };
+        {
+            let mut advice = self.sysmem_advice.lock();
+            if advice.runs() != 0 {
+                advice.forget(pages);
+            }
+        }
+        let block = start & !(BLOCK_BYTES as u64 - 1);
+        let mut t = self.thrash.lock();
+        t.forget(start, end);
+        if block < start {
+            // Only the block's own key: region pages before `start` are not unmapped.
+            t.forget(block, block + 1);
+        }
+    }
+
     /// The context of `dev` if one exists (no creation).
     pub(crate) fn ctx_if_any(&self, dev: &Device) -> Option<Ctx> {
         let ctxs = self.ctxs.lock();
@@ -439,6 +498,8 @@ impl PinnedDrop for Space {
         // released below (nor the space itself). Nobody uses the space any more (this is
         // its last reference): no device runs in it, so the entries left in its contexts
         // are never used before `ctx_destroy` drops them.
+        let unmaps = self.unmaps.lock().take();
+        drop(unmaps);
         let notifiers = core::mem::take(&mut *self.notifiers.lock());
         for n in notifiers.values() {
             n.remove();

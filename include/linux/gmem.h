@@ -316,7 +316,10 @@ struct gmem_space *gmem_space_get_current(void);
  * @space: from gmem_space_get_current(); NULL and ERR_PTR values are ignored
  *
  * Dropping the last reference destroys the space and calls @ctx_destroy of every device
- * that has a context in it (so do not hold a lock that @ctx_destroy takes).
+ * that has a context in it (so do not hold a lock that @ctx_destroy takes). It also removes
+ * the space's MMU notifiers, which waits for every MMU-notifier callback running in the
+ * system (through which gmem calls @unmap and @tlb_invalidate): so never call it from an
+ * MMU-notifier callback, nor with a lock held that those callbacks take.
  *
  * Context: process context, may sleep.
  */

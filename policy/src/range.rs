@@ -208,6 +208,26 @@ impl<const N: usize> AdviceMap<N> {
         self.update(PageRange { first: 0, count: u64::MAX }, op)
     }
 
+    /// Drops all advice of the pages of `r` (their memory went away). This cannot fail:
+    /// when clearing `r` alone would split a run and the map has no room for the extra
+    /// run, the runs that `r` cuts are dropped whole. Their pages outside `r` lose their
+    /// advice too, which is a hint, not data. Returns whether that happened.
+    pub fn forget(&mut self, r: PageRange) -> bool {
+        if self.update(r, |_| 0).is_ok() {
+            return false;
+        }
+        // Widened to the runs holding the range's first and last pages: no run is split
+        // any more, runs only go, so the update needs no room.
+        let (lo, hi) = (r.first, r.first.saturating_add(r.count));
+        let runs = self.live();
+        let first = runs.iter().find(|run| run.first <= lo && lo < run.end).map_or(lo, |run| run.first);
+        let end = runs.iter().find(|run| run.first < hi && hi <= run.end).map_or(hi, |run| run.end);
+        let wide = PageRange { first, count: end - first };
+        // Never `Full` (see above); if it were, the map would be left as it was.
+        let _ = self.update(wide, |_| 0);
+        true
+    }
+
     /// The advice bits of `page`.
     pub fn get(&self, page: u64) -> u32 {
         let runs = self.live();
@@ -314,5 +334,53 @@ mod tests {
         assert_eq!(m.clear(pr(1, 0), 1), Ok(()), "empty range is a no-op");
         assert_eq!(m.set(pr(u64::MAX - 1, 5), 4), Err(Full));
         assert_eq!(m, before);
+    }
+
+    #[test]
+    fn forget_cuts_or_drops_whole_runs_when_full() {
+        let mut m = AdviceMap::<2>::new();
+        m.set(pr(0, 10), 1).unwrap();
+        // Room for the split: only the range goes.
+        assert!(!m.forget(pr(4, 2)));
+        assert_eq!((m.get(3), m.get(4), m.get(5), m.get(6), m.runs()), (1, 0, 0, 1, 2));
+        // No room for another split: the run the range cuts goes whole, the other stays.
+        assert!(m.forget(pr(7, 1)));
+        assert_eq!((m.get(0), m.get(3), m.get(6), m.get(9), m.runs()), (1, 1, 0, 0, 1));
+        // Past every run, and empty: nothing to do.
+        assert!(!m.forget(pr(100, 5)));
+        assert!(!m.forget(pr(0, 0)));
+        assert_eq!(m.runs(), 1);
+    }
+
+    proptest::proptest! {
+        /// `forget` never fails, leaves no advice in its range, and changes a page outside
+        /// it only when it reports dropping whole runs, and then only pages of a run that
+        /// the range cut.
+        #[test]
+        fn forget_clears_its_range_and_only_cut_runs_beyond(
+            sets in proptest::collection::vec((0u64..64, 1u64..16, 1u32..4), 0..12),
+            lo in 0u64..80,
+            n in 0u64..40,
+        ) {
+            let mut m = AdviceMap::<4>::new();
+            for &(first, count, bits) in &sets {
+                let _ = m.set(pr(first, count), bits);
+            }
+            let before = m;
+            let widened = m.forget(pr(lo, n));
+            for page in 0..100u64 {
+                let inside = page >= lo && page < lo + n;
+                if inside {
+                    proptest::prop_assert_eq!(m.get(page), 0);
+                } else if m.get(page) != before.get(page) {
+                    proptest::prop_assert!(widened, "page {} changed", page);
+                    proptest::prop_assert_eq!(m.get(page), 0);
+                    // It lay in a run that reached into the range: every page from it to
+                    // the range carried advice before.
+                    let (a, b) = if page < lo { (page, lo) } else { (lo + n, page + 1) };
+                    proptest::prop_assert!((a..b).all(|q| before.get(q) != 0));
+                }
+            }
+        }
     }
 }

@@ -311,8 +311,19 @@ fn dpriv_bouncing_block_stays_on_the_host() -> TestResult {
 }
 
 fn bounce() -> TestResult {
-    use libgmem::{GMEM_ADV_PREFERRED_LOC, GMEM_ADV_UNSET_PREFERRED_LOC, GMEM_Q_REMOTE};
+    use libgmem::GMEM_ADV_UNSET_PREFERRED_LOC;
     let (g, s, d, frames0, m) = setup(16)?;
+    bounce_until_remote(&g, &s, d, &m)?;
+    ok!(g.advise(m.addr, m.len as u64, GMEM_ADV_UNSET_PREFERRED_LOC, 0, 0));
+    drop(m);
+    wait_frames(d, frames0)
+}
+
+/// With PREFERRED_LOC of device `d` on `m`, CPU and device take turns writing its first
+/// page until thrashing leaves the block on the host, mapped remotely; checks the data
+/// throughout.
+fn bounce_until_remote(g: &Gmem, s: &Sim, d: u32, m: &Anon) -> TestResult {
+    use libgmem::{GMEM_ADV_PREFERRED_LOC, GMEM_Q_REMOTE};
     let before = crate::t_overcommit::counter(d, "prefetch.thrash_events")?;
     ok!(g.advise(m.addr, m.len as u64, GMEM_ADV_PREFERRED_LOC, d as i32, 0));
     let w = m.words();
@@ -334,7 +345,154 @@ fn bounce() -> TestResult {
     let events = crate::t_overcommit::counter(d, "prefetch.thrash_events")? - before;
     ensure!(events > 0 && remote, "no thrashing seen in 200 bounces ({events} events)");
     ensure!(w[0] == expect, "data lost while bouncing: {} != {expect}", w[0]);
-    ok!(g.advise(m.addr, m.len as u64, GMEM_ADV_UNSET_PREFERRED_LOC, 0, 0));
+    Ok(())
+}
+
+/// A fresh anonymous mapping of `len` bytes at exactly `addr` (where one was just unmapped).
+fn anon_at(addr: u64, len: usize) -> Result<Anon, String> {
+    let m = Anon::at(addr as *mut libc::c_void, len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_FIXED_NOREPLACE)?;
+    ensure!(m.addr == addr, "mapped at {:#x}, not at {addr:#x}", m.addr);
+    // SAFETY: our own mapping.
+    ensure!(unsafe { libc::madvise(m.addr as *mut libc::c_void, m.len, libc::MADV_NOHUGEPAGE) } == 0, "madvise");
+    Ok(m)
+}
+
+/// The device writes page `k` of `m` (after the CPU did); QUERY's word for it right after
+/// (then the CPU reads the device's write, which brings a migrated page home).
+fn device_write_after_cpu(g: &Gmem, s: &Sim, m: &Anon, k: usize) -> Result<u32, String> {
+    let (addr, w) = (m.addr + (k * PAGE) as u64, k * PAGE / 4);
+    m.words()[w] = 5;
+    ok!(s.touch(addr, 4096, 1, 1, true));
+    let q = ok!(g.query(addr, 1))[0];
+    ensure!(m.words()[w] == 6, "the device's write is not there: {}", m.words()[w]);
+    Ok(q)
+}
+
+/// Ordinary memory's advice ends with its mapping, as a VMA's policy does: PREFERRED_LOC
+/// of the device on a buffer, the buffer unmapped (no device ever touched it), and new
+/// memory mapped at the same address is mapped remotely by the device, not moved into its
+/// memory. (Before, the advice was kept for the address range and the new memory moved.)
+fn dpriv_unmapped_memory_leaves_no_advice() -> TestResult {
+    use libgmem::{GMEM_ADV_PREFERRED_LOC, GMEM_Q_REMOTE};
+    let (g, s, d, frames0, m) = setup(16)?;
+    ok!(g.advise(m.addr, m.len as u64, GMEM_ADV_PREFERRED_LOC, d as i32, 0));
+    let (addr, len) = (m.addr, m.len);
+    drop(m);
+    let m = anon_at(addr, len)?;
+    let q = device_write_after_cpu(&g, &s, &m, 0)?;
+    ensure!(q == GMEM_LOC_HOST | GMEM_Q_CPU_MAPPED | GMEM_Q_REMOTE, "the new memory moved (query word {q:#x})");
+    // The control: advised again, a page the device has not touched yet moves.
+    ok!(g.advise(m.addr, m.len as u64, GMEM_ADV_PREFERRED_LOC, d as i32, 0));
+    let q = device_write_after_cpu(&g, &s, &m, 8)?;
+    ensure!(q == GMEM_LOC_DEVICE | (d << 8), "advised again, the memory did not move (query word {q:#x})");
+    drop(m);
+    wait_frames(d, frames0)
+}
+
+/// A block of ordinary memory left on the host by thrashing, then unmapped, leaves no
+/// history: new memory at the same address with PREFERRED_LOC of the device moves to it
+/// on the device's first write. (Before, the space's thrash table still held the old
+/// block's pin, and the new memory stayed on the host, mapped remotely.)
+fn dpriv_unmapped_memory_leaves_no_thrash_history() -> TestResult {
+    crate::t_overcommit::with_slow_thrash_window(|| {
+        use libgmem::GMEM_ADV_PREFERRED_LOC;
+        let (g, s, d, frames0, m) = setup(16)?;
+        bounce_until_remote(&g, &s, d, &m)?;
+        let (addr, len) = (m.addr, m.len);
+        drop(m);
+        let m = anon_at(addr, len)?;
+        ok!(g.advise(m.addr, m.len as u64, GMEM_ADV_PREFERRED_LOC, d as i32, 0));
+        let q = device_write_after_cpu(&g, &s, &m, 0)?;
+        ensure!(q == GMEM_LOC_DEVICE | (d << 8), "the new memory stayed where the old was pinned (query word {q:#x})");
+        drop(m);
+        wait_frames(d, frames0)
+    })
+}
+
+/// Advice on ordinary memory takes a run per mapped part: a range of 33 separate mappings
+/// cannot be advised (`E2BIG`, as with more than 32 runs of a region), and nothing of it is
+/// advised then; the same range with its holes filled can.
+fn dpriv_advice_over_too_many_parts_is_e2big() -> TestResult {
+    use libgmem::GMEM_ADV_PREFERRED_LOC;
+    let (g, s, d, frames0, whole) = setup(65)?;
+    let (addr, len) = (whole.addr, whole.len);
+    // Every odd page unmapped: 33 mapped pages, none touching another.
+    for k in (1..65).step_by(2) {
+        // SAFETY: a page of our own mapping.
+        ensure!(unsafe { libc::munmap((addr + (k * PAGE) as u64) as *mut libc::c_void, PAGE) } == 0, "munmap");
+    }
+    crate::expect_errno!(g.advise(addr, len as u64, GMEM_ADV_PREFERRED_LOC, d as i32, 0), libc::E2BIG);
+    // Nothing was advised: the device maps the first page remotely.
+    let first = Anon { addr, len: PAGE };
+    let q = device_write_after_cpu(&g, &s, &first, 0)?;
+    ensure!(q & 0xff == GMEM_LOC_HOST, "advised after E2BIG ({q:#x})");
+    std::mem::forget(first);
+    // Holes filled: one part, advised.
+    for k in (1..65).step_by(2) {
+        std::mem::forget(anon_at(addr + (k * PAGE) as u64, PAGE)?);
+    }
+    ok!(g.advise(addr, len as u64, GMEM_ADV_PREFERRED_LOC, d as i32, 0));
+    drop(whole);
+    wait_frames(d, frames0)
+}
+
+/// mremap moving advised memory away is an unmap of its old addresses: new memory mapped
+/// there has no advice (and the moved memory keeps none either: advice stays with
+/// addresses, and these are new ones).
+fn dpriv_mremap_leaves_no_advice_behind() -> TestResult {
+    use libgmem::{GMEM_ADV_PREFERRED_LOC, GMEM_Q_REMOTE};
+    let (g, s, d, frames0, m) = setup(16)?;
+    ok!(g.advise(m.addr, m.len as u64, GMEM_ADV_PREFERRED_LOC, d as i32, 0));
+    let (old, len) = (m.addr, m.len);
+    // The target: a mapping of our own that the move replaces.
+    let moved = Anon::new(len, libc::PROT_READ | libc::PROT_WRITE)?;
+    // SAFETY: moves our own mapping over our own mapping.
+    let p = unsafe {
+        libc::mremap(
+            old as *mut libc::c_void,
+            len,
+            len,
+            libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+            moved.addr as *mut libc::c_void,
+        )
+    };
+    ensure!(p as u64 == moved.addr, "mremap: {}", std::io::Error::last_os_error());
+    // Its old addresses are unmapped now: the `Anon` there must not unmap them again.
+    std::mem::forget(m);
+    let fresh = anon_at(old, len)?;
+    let remote = GMEM_LOC_HOST | GMEM_Q_CPU_MAPPED | GMEM_Q_REMOTE;
+    let q = device_write_after_cpu(&g, &s, &fresh, 0)?;
+    ensure!(q == remote, "new memory at the old addresses moved (query word {q:#x})");
+    let q = device_write_after_cpu(&g, &s, &moved, 0)?;
+    ensure!(q == remote, "the moved memory took the advice along (query word {q:#x})");
+    // The control: advised again, a page the device has not touched yet moves.
+    ok!(g.advise(fresh.addr, fresh.len as u64, GMEM_ADV_PREFERRED_LOC, d as i32, 0));
+    let q = device_write_after_cpu(&g, &s, &fresh, 8)?;
+    ensure!(q == GMEM_LOC_DEVICE | (d << 8), "advised again, the memory did not move (query word {q:#x})");
+    drop(fresh);
+    drop(moved);
+    wait_frames(d, frames0)
+}
+
+/// Advice on ordinary memory covers the parts of its range that are mapped when it is
+/// given, as mbind does: a range whose second half is a hole advises the first half only,
+/// and memory mapped in the hole later is mapped remotely, not moved.
+fn dpriv_advice_covers_only_mapped_memory() -> TestResult {
+    use libgmem::{GMEM_ADV_PREFERRED_LOC, GMEM_Q_REMOTE};
+    let (g, s, d, frames0, whole) = setup(32)?;
+    let (addr, half) = (whole.addr, whole.len / 2);
+    // Its halves are unmapped one by one: the first by `m`, the second now (the hole).
+    std::mem::forget(whole);
+    let m = Anon { addr, len: half };
+    // SAFETY: the second half of our own mapping.
+    ensure!(unsafe { libc::munmap((addr + half as u64) as *mut libc::c_void, half) } == 0, "munmap");
+    ok!(g.advise(addr, 2 * half as u64, GMEM_ADV_PREFERRED_LOC, d as i32, 0));
+    let hole = anon_at(addr + half as u64, half)?;
+    let q = device_write_after_cpu(&g, &s, &hole, 0)?;
+    ensure!(q == GMEM_LOC_HOST | GMEM_Q_CPU_MAPPED | GMEM_Q_REMOTE, "memory mapped after the advice moved ({q:#x})");
+    let q = device_write_after_cpu(&g, &s, &m, 0)?;
+    ensure!(q == GMEM_LOC_DEVICE | (d << 8), "the advised memory did not move ({q:#x})");
+    drop(hole);
     drop(m);
     wait_frames(d, frames0)
 }
@@ -422,5 +580,13 @@ pub fn tests() -> Vec<Test> {
         Test { name: "dpriv_preferred_location_migrates_on_fault", f: dpriv_preferred_location_migrates_on_fault },
         Test { name: "dpriv_bouncing_block_stays_on_the_host", f: dpriv_bouncing_block_stays_on_the_host },
         Test { name: "dpriv_unmovable_memory_stays_and_maps", f: dpriv_unmovable_memory_stays_and_maps },
+        Test { name: "dpriv_unmapped_memory_leaves_no_advice", f: dpriv_unmapped_memory_leaves_no_advice },
+        Test {
+            name: "dpriv_unmapped_memory_leaves_no_thrash_history",
+            f: dpriv_unmapped_memory_leaves_no_thrash_history,
+        },
+        Test { name: "dpriv_advice_covers_only_mapped_memory", f: dpriv_advice_covers_only_mapped_memory },
+        Test { name: "dpriv_mremap_leaves_no_advice_behind", f: dpriv_mremap_leaves_no_advice_behind },
+        Test { name: "dpriv_advice_over_too_many_parts_is_e2big", f: dpriv_advice_over_too_many_parts_is_e2big },
     ]
 }

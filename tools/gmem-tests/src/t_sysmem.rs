@@ -25,7 +25,7 @@ impl Anon {
         Anon::at(std::ptr::null_mut(), len, prot, 0)
     }
 
-    fn at(hint: *mut libc::c_void, len: usize, prot: i32, extra: i32) -> Result<Anon, String> {
+    pub(crate) fn at(hint: *mut libc::c_void, len: usize, prot: i32, extra: i32) -> Result<Anon, String> {
         // SAFETY: a fresh anonymous mapping (MAP_FIXED only over our own reservation).
         let p = unsafe { libc::mmap(hint, len, prot, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | extra, -1, 0) };
         if p == libc::MAP_FAILED {
