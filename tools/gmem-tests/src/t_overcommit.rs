@@ -453,7 +453,11 @@ fn stream_leaves_no_second_chance_behind() -> TestResult {
         "GMEM-INFO stream_leaves_no_second_chance_behind: passed {} with read-ahead, {} without",
         passed[0], passed[1]
     );
-    ensure!(passed[0] >= cap / 4096 / 4, "only {} touched pages left behind went without a second chance", passed[0]);
+    // How many depends on timing (a stream is live for 50 ms after its last read-ahead
+    // ask): 5936-8320 pages in 5 runs on the standard kernel, 959-5559 in 13 on the debug
+    // one, where one run fell under the quarter of the device (1024) this asked before.
+    // Without the verdict it is 0: a sixteenth of the device still tells them apart.
+    ensure!(passed[0] >= cap / 4096 / 16, "only {} touched pages left behind went without a second chance", passed[0]);
     ensure!(passed[1] == 0, "{} touched pages lost their second chance with no stream", passed[1]);
     Ok(())
 }
