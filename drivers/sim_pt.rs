@@ -100,6 +100,17 @@ pub(crate) struct PageTable {
     pub(crate) splits: u64,
 }
 
+/// The page the entry `pte` points at for an access (`write` needs a writable entry), if
+/// any: a frame of `pool` or a remote host page.
+#[inline(always)]
+fn target_page(pte: u64, write: bool, pool: &Pool) -> Option<*mut bindings::page> {
+    match decode(pte)? {
+        (_, false) if write => None,
+        (Target::Frame(f), _) => pool.frame(f),
+        (Target::Host(p), _) => Some(p),
+    }
+}
+
 impl PageTable {
     fn leaf(&self, block: u64) -> Option<&Leaf> {
         let i = self.dir.binary_search_by_key(&block, |e| e.0).ok()?;
@@ -113,11 +124,7 @@ impl PageTable {
     /// The page `va` translates to for an access (`write` needs a writable entry), if any:
     /// a frame of `pool` or a remote host page.
     fn resolve(&self, va: u64, write: bool, pool: &Pool) -> Option<*mut bindings::page> {
-        match decode(self.lookup(va))? {
-            (_, false) if write => None,
-            (Target::Frame(f), _) => pool.frame(f),
-            (Target::Host(p), _) => Some(p),
-        }
+        target_page(self.lookup(va), write, pool)
     }
 
     /// Whether a device access to `va` hits (else it faults).
@@ -131,11 +138,7 @@ impl PageTable {
     fn hit(&mut self, va: u64, write: bool, pool: &Pool) -> Option<*mut bindings::page> {
         let l = self.leaf_mut(va)?;
         let k = ((va >> 12) as usize) % LEAF;
-        let page = match decode(l.get(k))? {
-            (_, false) if write => return None,
-            (Target::Frame(f), _) => pool.frame(f)?,
-            (Target::Host(p), _) => p,
-        };
+        let page = target_page(l.get(k), write, pool)?;
         // The page's own slot: its entry, or under a 2 MiB entry its shadow.
         l.ptes[k] |= PTE_ACCESSED;
         Some(page)

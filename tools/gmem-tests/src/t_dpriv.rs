@@ -357,6 +357,23 @@ fn anon_at(addr: u64, len: usize) -> Result<Anon, String> {
     Ok(m)
 }
 
+/// Unmaps `m` and maps fresh memory of the same size at its address.
+fn remapped(m: Anon) -> Result<Anon, String> {
+    let (addr, len) = (m.addr, m.len);
+    drop(m);
+    anon_at(addr, len)
+}
+
+/// PREFERRED_LOC of device `d` on `m`, then the device writes page `k` (one it has not
+/// touched yet): it must move to the device (`what` says which memory).
+fn moves_when_advised(g: &Gmem, s: &Sim, d: u32, m: &Anon, k: usize, what: &str) -> TestResult {
+    use libgmem::GMEM_ADV_PREFERRED_LOC;
+    ok!(g.advise(m.addr, m.len as u64, GMEM_ADV_PREFERRED_LOC, d as i32, 0));
+    let q = device_write_after_cpu(g, s, m, k)?;
+    ensure!(q == GMEM_LOC_DEVICE | (d << 8), "{what} did not move (query word {q:#x})");
+    Ok(())
+}
+
 /// The device writes page `k` of `m` (after the CPU did); QUERY's word for it right after
 /// (then the CPU reads the device's write, which brings a migrated page home).
 fn device_write_after_cpu(g: &Gmem, s: &Sim, m: &Anon, k: usize) -> Result<u32, String> {
@@ -376,15 +393,11 @@ fn dpriv_unmapped_memory_leaves_no_advice() -> TestResult {
     use libgmem::{GMEM_ADV_PREFERRED_LOC, GMEM_Q_REMOTE};
     let (g, s, d, frames0, m) = setup(16)?;
     ok!(g.advise(m.addr, m.len as u64, GMEM_ADV_PREFERRED_LOC, d as i32, 0));
-    let (addr, len) = (m.addr, m.len);
-    drop(m);
-    let m = anon_at(addr, len)?;
+    let m = remapped(m)?;
     let q = device_write_after_cpu(&g, &s, &m, 0)?;
     ensure!(q == GMEM_LOC_HOST | GMEM_Q_CPU_MAPPED | GMEM_Q_REMOTE, "the new memory moved (query word {q:#x})");
     // The control: advised again, a page the device has not touched yet moves.
-    ok!(g.advise(m.addr, m.len as u64, GMEM_ADV_PREFERRED_LOC, d as i32, 0));
-    let q = device_write_after_cpu(&g, &s, &m, 8)?;
-    ensure!(q == GMEM_LOC_DEVICE | (d << 8), "advised again, the memory did not move (query word {q:#x})");
+    moves_when_advised(&g, &s, d, &m, 8, "advised again, the memory")?;
     drop(m);
     wait_frames(d, frames0)
 }
@@ -395,15 +408,10 @@ fn dpriv_unmapped_memory_leaves_no_advice() -> TestResult {
 /// block's pin, and the new memory stayed on the host, mapped remotely.)
 fn dpriv_unmapped_memory_leaves_no_thrash_history() -> TestResult {
     crate::t_overcommit::with_slow_thrash_window(|| {
-        use libgmem::GMEM_ADV_PREFERRED_LOC;
         let (g, s, d, frames0, m) = setup(16)?;
         bounce_until_remote(&g, &s, d, &m)?;
-        let (addr, len) = (m.addr, m.len);
-        drop(m);
-        let m = anon_at(addr, len)?;
-        ok!(g.advise(m.addr, m.len as u64, GMEM_ADV_PREFERRED_LOC, d as i32, 0));
-        let q = device_write_after_cpu(&g, &s, &m, 0)?;
-        ensure!(q == GMEM_LOC_DEVICE | (d << 8), "the new memory stayed where the old was pinned (query word {q:#x})");
+        let m = remapped(m)?;
+        moves_when_advised(&g, &s, d, &m, 0, "the new memory, where the old was pinned,")?;
         drop(m);
         wait_frames(d, frames0)
     })
@@ -466,9 +474,7 @@ fn dpriv_mremap_leaves_no_advice_behind() -> TestResult {
     let q = device_write_after_cpu(&g, &s, &moved, 0)?;
     ensure!(q == remote, "the moved memory took the advice along (query word {q:#x})");
     // The control: advised again, a page the device has not touched yet moves.
-    ok!(g.advise(fresh.addr, fresh.len as u64, GMEM_ADV_PREFERRED_LOC, d as i32, 0));
-    let q = device_write_after_cpu(&g, &s, &fresh, 8)?;
-    ensure!(q == GMEM_LOC_DEVICE | (d << 8), "advised again, the memory did not move (query word {q:#x})");
+    moves_when_advised(&g, &s, d, &fresh, 8, "advised again, the memory")?;
     drop(fresh);
     drop(moved);
     wait_frames(d, frames0)
