@@ -72,6 +72,7 @@ mod obj {
     pub(crate) mod device;
     pub(crate) mod devices;
     pub(crate) mod dmem;
+    pub(crate) mod done;
     pub(crate) mod dpriv;
     pub(crate) mod fence;
     pub(crate) mod host_page;

@@ -10,6 +10,7 @@
 use crate::mech::{moves, sysmem};
 use crate::obj::device::Device;
 use crate::obj::devices;
+use crate::obj::done::Done;
 use crate::obj::mirror;
 use crate::obj::region::{adv, Region, ADVICE_RUNS};
 use crate::obj::space::{SerialJob, Space};
@@ -19,7 +20,7 @@ use core::sync::atomic::{AtomicBool, Ordering};
 use kernel::{
     new_mutex,
     prelude::*,
-    sync::{Arc, Completion, Mutex},
+    sync::{Arc, Mutex},
     workqueue::{impl_has_work, new_work, Work, WorkItem},
 };
 
@@ -265,7 +266,7 @@ pub(crate) struct Fence {
     #[pin]
     result: Mutex<Option<i32>>,
     #[pin]
-    done: Completion,
+    done: Done,
     #[pin]
     work: Work<Fence>,
 }
@@ -305,7 +306,7 @@ impl Fence {
                 advice,
                 cancelled,
                 result <- new_mutex!(None, "gmem_fence_result"),
-                done <- Completion::new(),
+                done <- Done::new(),
                 work <- new_work!("gmem_fence_work"),
             }),
             GFP_KERNEL,
@@ -340,7 +341,27 @@ impl Fence {
 
     /// Waits for completion; returns the prefetch's result.
     pub(crate) fn wait(&self) -> Result {
-        self.done.wait_for_completion();
+        self.done.wait();
+        self.result()
+    }
+
+    /// [`Fence::wait`] for the task that asked (`GMEM_IOC_WAIT`), which a fatal signal ends
+    /// early: the prefetch is then cancelled and waited for (it stops at its next chunk: at
+    /// most a block per lane), and the result is `EINTR`. Without this, a killed process
+    /// would sleep until its prefetch (and every fence queued before it) ran to the end: a
+    /// task blocked in the ioctl still uses the address space, so the lanes would not stop
+    /// for the process's exit either.
+    pub(crate) fn wait_killable(self: &Arc<Self>) -> Result {
+        if self.done.wait_killable() {
+            return self.result();
+        }
+        self.cancel();
+        self.done.wait();
+        Err(EINTR)
+    }
+
+    /// The result of a completed prefetch.
+    fn result(&self) -> Result {
         match (*self.result.lock()).unwrap_or(EIO.to_errno()) {
             0 => Ok(()),
             e => Err(Error::from_errno(e)),

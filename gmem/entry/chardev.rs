@@ -266,7 +266,7 @@ impl GmemFile {
         if wt.flags != 0 {
             return Err(EINVAL);
         }
-        self.take_fence(wt.fence).ok_or(ENOENT)?.wait()
+        self.take_fence(wt.fence).ok_or(ENOENT)?.wait_killable()
     }
 
     /// Takes the outstanding fence `id` off this file's list (it no longer counts towards

@@ -176,6 +176,66 @@ fn closing_a_file_does_not_wait_for_other_files_fences() -> TestResult {
     Ok(())
 }
 
+/// A process killed while it waits for its asynchronous prefetch (GMEM_IOC_WAIT) exits
+/// without waiting for the prefetch to finish: the prefetch stops at its next chunk (a
+/// block per lane at most). With the link slow (10 MB/s: 12 MiB take 1.26 s on it), a
+/// child queues a PREFETCH of 12 MiB, tells the parent, waits for it, and is killed 20 ms
+/// later. Before, the wait ignored the kill and the whole region crossed the link before
+/// the child could exit: a task inside the ioctl still uses the address space, so the
+/// lanes did not stop for the exit either.
+fn a_killed_waiter_stops_its_prefetch() -> TestResult {
+    let (_g, s) = open()?;
+    const LEN: u64 = 12 * MIB;
+    let h2d = |l: &libgmem::sim::SimLink| l.bytes[libgmem::sim::PATH_H2D];
+    crate::t_link::with_link(&s, [10, 10, 0], 0, || {
+        let l0 = ok!(s.link());
+        let mut fds = [0i32; 2];
+        // SAFETY: pipe writes two descriptors into the array.
+        ensure!(unsafe { libc::pipe(fds.as_mut_ptr()) } == 0, "pipe failed");
+        // SAFETY: the child only runs the block below and exits.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            let code = (|| {
+                let Ok(g) = Gmem::open() else { return 1 };
+                let Ok(r) = g.alloc(LEN) else { return 2 };
+                // Host data, so that the prefetch copies every page over the link.
+                pattern(&r, 21);
+                let Ok(f) = g.advise(r.addr, LEN, GMEM_ADV_PREFETCH, 0, GMEM_ADVF_ASYNC) else { return 3 };
+                // SAFETY: one byte from a live buffer to the pipe.
+                unsafe { libc::write(fds[1], b"w".as_ptr().cast(), 1) };
+                let _ = g.wait(f);
+                4
+            })();
+            // SAFETY: ends the child without running the parent's destructors.
+            unsafe { libc::_exit(code) };
+        }
+        let mut b = 0u8;
+        // SAFETY: one byte into a live buffer, from the pipe.
+        let got = unsafe { libc::read(fds[0], (&raw mut b).cast(), 1) };
+        if got == 1 {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            // SAFETY: our own child.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        let mut status = 0;
+        // SAFETY: waits for our own child.
+        unsafe {
+            libc::waitpid(pid, &mut status, 0);
+            libc::close(fds[0]);
+            libc::close(fds[1]);
+        }
+        ensure!(
+            libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGKILL,
+            "the child was not killed in its wait (status {status:#x}: exit code 1-3 is a failed setup, 4 a wait that returned)"
+        );
+        // Once the child is reaped, its prefetch has stopped: at most the 20 ms before the
+        // kill (0.2 MB) and one 2 MiB block in each of the three lanes crossed the link.
+        let moved = h2d(&ok!(s.link())) - h2d(&l0);
+        ensure!(moved < 9 * MIB, "the killed waiter's prefetch ran on: {moved} of {LEN} bytes moved");
+        Ok(())
+    })
+}
+
 fn preferred_location_host_maps_remotely() -> TestResult {
     let (g, s) = open()?;
     let r = ok!(g.alloc(MIB));
@@ -297,6 +357,7 @@ pub fn tests() -> Vec<Test> {
             name: "closing_a_file_does_not_wait_for_other_files_fences",
             f: closing_a_file_does_not_wait_for_other_files_fences,
         },
+        Test { name: "a_killed_waiter_stops_its_prefetch", f: a_killed_waiter_stops_its_prefetch },
         Test { name: "preferred_location_host_maps_remotely", f: preferred_location_host_maps_remotely },
         Test { name: "accessed_by_maps_remotely", f: accessed_by_maps_remotely },
         Test { name: "read_mostly_duplicates_then_write_collapses", f: read_mostly_duplicates_then_write_collapses },
