@@ -31,8 +31,8 @@ use crate::policy::prefetch::{behind_stream, pick_stream, Accuracy};
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use kernel::{
     bindings,
-    error::{to_result, VTABLE_DEFAULT_ERROR},
-    ffi::c_void,
+    error::VTABLE_DEFAULT_ERROR,
+    ffi::{c_int, c_void},
     new_condvar, new_mutex, new_srcu,
     prelude::*,
     sync::{srcu, Arc, CondVar, Mutex, SetOnce, Srcu},
@@ -174,6 +174,22 @@ impl CDriver {
     }
 }
 
+/// A C driver callback's result. 0 is success; anything else refuses (driver-api.rst: "a
+/// non-zero return"), a negative errno as itself and any other value (positive, or below
+/// `-MAX_ERRNO`) as `EIO`, with a warning. The header asks for 0 or a negative errno; a
+/// positive value taken for success would make gmem wait forever for the fence of a
+/// `copy_async` the driver refused, or commit pages a `copy` did not fill.
+pub(crate) fn driver_result(r: c_int) -> Result {
+    match r {
+        0 => Ok(()),
+        -4095..=-1 => Err(Error::from_errno(r)),
+        _ => {
+            kernel::pr_warn_once!("gmem: a driver callback returned {}, not 0 or a negative errno\n", r);
+            Err(EIO)
+        }
+    }
+}
+
 #[vtable]
 impl DeviceOps for CDriver {
     fn ctx_create(&self) -> Result<Ctx> {
@@ -181,7 +197,7 @@ impl DeviceOps for CDriver {
         let mut ctx = core::ptr::null_mut();
         // SAFETY: mandatory callback (type invariant), called with the driver's `drv` and a
         // valid out-pointer.
-        to_result(unsafe { f(self.drv, &mut ctx) })?;
+        driver_result(unsafe { f(self.drv, &mut ctx) })?;
         Ok(Ctx(ctx))
     }
 
@@ -196,13 +212,13 @@ impl DeviceOps for CDriver {
         let f = self.ops().map.ok_or(EINVAL)?;
         let n = u32::try_from(ptes.len()).map_err(|_| EINVAL)?;
         // SAFETY: `ptes` is valid for `n` reads for the duration of the call.
-        to_result(unsafe { f(self.drv, ctx.0, ptes.as_ptr(), n) })
+        driver_result(unsafe { f(self.drv, ctx.0, ptes.as_ptr(), n) })
     }
 
     fn map_prepare(&self, ctx: Ctx, va: u64, npages: u64) -> Result {
         let f = self.ops().map_prepare.ok_or(EFAULT)?;
         // SAFETY: optional callback present; `ctx` is a live context of this driver.
-        to_result(unsafe { f(self.drv, ctx.0, va, npages) })
+        driver_result(unsafe { f(self.drv, ctx.0, va, npages) })
     }
 
     fn unmap(&self, ctx: Ctx, va: u64, npages: u64) {
@@ -225,7 +241,7 @@ impl DeviceOps for CDriver {
         let peer = peer.map_or(core::ptr::null_mut(), |p| p.drv);
         // SAFETY: `pages` is valid for `n` reads; host pages and frames in it are owned by
         // the core for the duration of the call.
-        to_result(unsafe { f(self.drv, dir, pages.as_ptr(), n, peer) })
+        driver_result(unsafe { f(self.drv, dir, pages.as_ptr(), n, peer) })
     }
 
     fn channels(&self) -> u32 {
@@ -248,7 +264,7 @@ impl DeviceOps for CDriver {
         let peer = peer.map_or(core::ptr::null_mut(), |p| p.drv);
         // SAFETY: the callback is present; `pages` (n entries), what they name and `fence`
         // stay valid until the fence is signalled (the caller's contract).
-        to_result(unsafe { f(self.drv, chan, dir, pages.as_ptr(), n, peer, fence.as_handle()) })
+        driver_result(unsafe { f(self.drv, chan, dir, pages.as_ptr(), n, peer, fence.as_handle()) })
     }
 
     fn frame_page(&self, frame: u64) -> Option<*mut bindings::page> {

@@ -103,8 +103,8 @@ pub(crate) fn remove(id: usize) -> Option<Arc<Device>> {
 #[kunit_tests(gmem_devices)]
 pub(crate) mod tests {
     use super::*;
-    use crate::abi::{GmemDevOps, GmemDevProps, GMEM_DRIVER_ABI_VERSION};
-    use kernel::ffi::c_int;
+    use crate::abi::{GmemCopy, GmemDevOps, GmemDevProps, GmemFenceHandle, GmemPte, GMEM_DRIVER_ABI_VERSION};
+    use kernel::ffi::{c_int, c_void};
 
     fn props(nr_frames: u64) -> GmemDevProps {
         GmemDevProps {
@@ -139,6 +139,41 @@ pub(crate) mod tests {
         let p = props(16);
         // SAFETY: both point to live locals.
         assert_eq!(unsafe { CDriver::new(&EMPTY_OPS, &p) }.err(), Some(EINVAL));
+    }
+
+    /// A C driver's callbacks return 0 or a negative errno; any other value refuses, as
+    /// `EIO`. Before, a positive return passed for success: a `copy_async` "refused" that
+    /// way left gmem waiting for a fence nobody would signal, and a `copy` committed pages
+    /// it had not filled.
+    #[test]
+    fn driver_results_other_than_zero_refuse() {
+        use crate::abi::GMEM_COPY_H2D;
+        use crate::obj::device::{driver_result, Ctx, DeviceOps};
+        assert_eq!(driver_result(0), Ok(()));
+        assert_eq!(driver_result(-12), Err(ENOMEM));
+        assert_eq!(driver_result(1), Err(EIO));
+        assert_eq!(driver_result(-5000), Err(EIO));
+        // Every callback that returns an `int` returns a different value that is not 0.
+        static OPS: GmemDevOps = GmemDevOps {
+            ctx_create: Some(stub_ctx_create::<1>),
+            map: Some(stub_map::<2>),
+            map_prepare: Some(stub_range::<3>),
+            copy: Some(stub_copy::<4>),
+            copy_async: Some(stub_copy_async::<5>),
+            ..STUB_OPS
+        };
+        let mut p = props(1);
+        p.nr_channels = 1;
+        // SAFETY: `OPS` is static and complete; `p` is a live local.
+        let Ok((d, _)) = (unsafe { CDriver::new(&OPS, &p) }) else { panic!("complete static ops refused") };
+        let ctx = Ctx(core::ptr::null_mut());
+        assert_eq!(d.ctx_create().err(), Some(EIO));
+        assert_eq!(d.map(ctx, &[]), Err(EIO));
+        assert_eq!(d.map_prepare(Ctx(core::ptr::null_mut()), 0, 1), Err(EIO));
+        assert_eq!(d.copy(GMEM_COPY_H2D, &[], None), Err(EIO));
+        let Ok(fence) = crate::obj::fence::Fence::new() else { panic!("no memory for a fence") };
+        // SAFETY: nothing is named by the copy; the refusal leaves nothing outstanding.
+        assert_eq!(unsafe { d.copy_async(0, GMEM_COPY_H2D, &[], None, &fence) }, Err(EIO));
     }
 
     #[test]
@@ -229,44 +264,71 @@ pub(crate) mod tests {
         assert_eq!(a.park_room(), 47);
     }
 
+    /// # Safety
+    /// Any arguments: nothing is dereferenced (a stub of the test tables, returning `R`).
+    unsafe extern "C" fn stub_ctx_create<const R: c_int>(_d: *mut c_void, _c: *mut *mut c_void) -> c_int {
+        R
+    }
+    /// # Safety
+    /// As above.
+    unsafe extern "C" fn stub_ctx_destroy(_d: *mut c_void, _c: *mut c_void) {}
+    /// # Safety
+    /// As above.
+    unsafe extern "C" fn stub_map<const R: c_int>(
+        _d: *mut c_void,
+        _c: *mut c_void,
+        _p: *const GmemPte,
+        _n: u32,
+    ) -> c_int {
+        R
+    }
+    /// # Safety
+    /// As above (`unmap`, `tlb_invalidate`).
+    unsafe extern "C" fn stub_unmap(_d: *mut c_void, _c: *mut c_void, _v: u64, _n: u64) {}
+    /// # Safety
+    /// As above (`map_prepare`).
+    unsafe extern "C" fn stub_range<const R: c_int>(_d: *mut c_void, _c: *mut c_void, _v: u64, _n: u64) -> c_int {
+        R
+    }
+    /// # Safety
+    /// As above.
+    unsafe extern "C" fn stub_copy<const R: c_int>(
+        _d: *mut c_void,
+        _r: u32,
+        _c: *const GmemCopy,
+        _n: u32,
+        _p: *mut c_void,
+    ) -> c_int {
+        R
+    }
+    /// # Safety
+    /// As above: the fence is never signalled.
+    unsafe extern "C" fn stub_copy_async<const R: c_int>(
+        _d: *mut c_void,
+        _ch: u32,
+        _r: u32,
+        _c: *const GmemCopy,
+        _n: u32,
+        _p: *mut c_void,
+        _f: *mut GmemFenceHandle,
+    ) -> c_int {
+        R
+    }
+
+    /// Every mandatory callback, each succeeding.
+    const STUB_OPS: GmemDevOps = GmemDevOps {
+        ctx_create: Some(stub_ctx_create::<0>),
+        ctx_destroy: Some(stub_ctx_destroy),
+        map: Some(stub_map::<0>),
+        unmap: Some(stub_unmap),
+        tlb_invalidate: Some(stub_unmap),
+        copy: Some(stub_copy::<0>),
+        ..EMPTY_OPS
+    };
+
     /// A driver whose callbacks all exist but are never called by these tests.
     pub(crate) fn test_driver() -> CDriver {
-        use crate::abi::{GmemCopy, GmemPte};
-        use kernel::ffi::c_void;
-        /// # Safety
-        /// Never called (a stub of the test table).
-        unsafe extern "C" fn cc(_d: *mut c_void, _c: *mut *mut c_void) -> c_int {
-            0
-        }
-        /// # Safety
-        /// Never called.
-        unsafe extern "C" fn cd(_d: *mut c_void, _c: *mut c_void) {}
-        /// # Safety
-        /// Never called.
-        unsafe extern "C" fn m(_d: *mut c_void, _c: *mut c_void, _p: *const GmemPte, _n: u32) -> c_int {
-            0
-        }
-        /// # Safety
-        /// Never called.
-        unsafe extern "C" fn u(_d: *mut c_void, _c: *mut c_void, _v: u64, _n: u64) {}
-        /// # Safety
-        /// Never called.
-        unsafe extern "C" fn cp(_d: *mut c_void, _r: u32, _c: *const GmemCopy, _n: u32, _p: *mut c_void) -> c_int {
-            0
-        }
-        static OPS: GmemDevOps = GmemDevOps {
-            ctx_create: Some(cc),
-            ctx_destroy: Some(cd),
-            map: Some(m),
-            unmap: Some(u),
-            tlb_invalidate: Some(u),
-            copy: Some(cp),
-            frame_page: None,
-            test_clear_accessed: None,
-            copy_async: None,
-            map_prepare: None,
-            test_clear_accessed_range: None,
-        };
+        static OPS: GmemDevOps = STUB_OPS;
         let mut p = props(1);
         // Capabilities: unknown bits are refused; so are copy channels without `copy_async`
         // and more channels than the API allows.
@@ -276,20 +338,7 @@ pub(crate) mod tests {
         (p.caps, p.nr_channels) = (crate::abi::GMEM_DEV_CAP_MAP_2M, 1);
         // SAFETY: as above.
         assert_eq!(unsafe { CDriver::new(&OPS, &p) }.err(), Some(EINVAL));
-        /// # Safety
-        /// Never called.
-        unsafe extern "C" fn ca(
-            _d: *mut c_void,
-            _ch: u32,
-            _r: u32,
-            _c: *const GmemCopy,
-            _n: u32,
-            _p: *mut c_void,
-            _f: *mut crate::abi::GmemFenceHandle,
-        ) -> c_int {
-            0
-        }
-        static ASYNC_OPS: GmemDevOps = GmemDevOps { copy_async: Some(ca), ..OPS };
+        static ASYNC_OPS: GmemDevOps = GmemDevOps { copy_async: Some(stub_copy_async::<0>), ..STUB_OPS };
         p.nr_channels = crate::abi::GMEM_MAX_CHANNELS + 1;
         // SAFETY: as above.
         assert_eq!(unsafe { CDriver::new(&ASYNC_OPS, &p) }.err(), Some(EINVAL));

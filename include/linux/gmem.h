@@ -188,7 +188,8 @@ struct gmem_copy {
  *	the copy: it then calls gmem_fence_signal(@fence, err) exactly once, from any
  *	context, when the data is at the destination (err 0) or the copy failed (err < 0),
  *	and touches none of the pages, frames and entries named after that. A negative
- *	return refuses the copy: nothing was copied and @fence is not signalled. @c stays
+ *	return refuses the copy: nothing was copied and @fence is not signalled (any other
+ *	non-zero return is taken as -EIO: refused too). @c stays
  *	valid until the fence is signalled. See "Asynchronous copies" in
  *	Documentation/driver-api.rst for the ordering rules.
  * @frame_page: optional: the host-visible page behind a frame (kept valid while the
