@@ -163,6 +163,9 @@ impl Devs {
 struct FrameSupply {
     frames: [KVec<u32>; MAX_DEVICES],
     limits: [Option<Limit>; MAX_DEVICES],
+    /// Why a device got no frames at all, if not for being full (`ENOSPC`): its charges
+    /// could not be had (`ENOMEM`). Not a reason to evict.
+    failed: [Option<Error>; MAX_DEVICES],
 }
 
 impl FrameSupply {
@@ -177,7 +180,8 @@ impl FrameSupply {
                 }
             }
         }
-        let mut sup = FrameSupply { frames: Default::default(), limits: Default::default() };
+        let mut sup =
+            FrameSupply { frames: Default::default(), limits: Default::default(), failed: [None; MAX_DEVICES] };
         for (d, &w) in want.iter().enumerate() {
             if w == 0 {
                 continue;
@@ -185,7 +189,8 @@ impl FrameSupply {
             // A device that started unregistering takes nothing new. Evacuation marks it
             // dead first and then takes the lock of every block that exists then (this one
             // included: it was created before we locked it), so checking here cannot
-            // miss it. A shortfall shows as ENOSPC/ENODEV per step.
+            // miss it. A shortfall shows as ENOSPC/ENODEV per step (ENOMEM when the
+            // charges could not be had).
             if let Ok(dev) = devs.get(d as u8) {
                 if dev.alive() {
                     // Charges first: as many frames as the cgroup allows, and no more than
@@ -195,7 +200,10 @@ impl FrameSupply {
                     let room = usize::try_from(dev.frames_free_hint()).unwrap_or(usize::MAX);
                     let limit = match dev.dmem.charge(space.mm(), core::cmp::min(w, room), &mut charges) {
                         Ok(limit) => limit,
-                        Err(_) => continue,
+                        Err(e) => {
+                            sup.failed[d] = Some(e);
+                            continue;
+                        }
                     };
                     let r = p.range();
                     if dev.maps_2m() && r.len() == BATCH_PAGES {
@@ -233,7 +241,8 @@ impl FrameSupply {
         if !dev.alive() {
             return Err(ENODEV);
         }
-        self.frames.get_mut(d as usize).and_then(|v| v.pop()).ok_or(ENOSPC)
+        let failed = self.failed.get(d as usize).copied().flatten();
+        self.frames.get_mut(d as usize).and_then(|v| v.pop()).ok_or(failed.unwrap_or(ENOSPC))
     }
 
     /// Gives every frame not handed out back to its device.
