@@ -22,7 +22,9 @@
 //!
 //! Lock order: a context's `pt` lock is a leaf; the driver never calls into gmem with it
 //! held, and gmem never holds a spinlock when it calls us. `SIMS` is taken only at open and
-//! module load/unload, never with `pt` held.
+//! module load/unload, never with `pt` held. `SimDevice::model` (a link model change, or an
+//! unplug) is taken first: under it the driver calls into gmem (`set_links`, unregistration),
+//! whose callbacks never take it.
 
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use kernel::{
@@ -30,9 +32,10 @@ use kernel::{
     fs::File,
     ioctl::{_IO, _IOW, _IOWR},
     miscdevice::{MiscDevice, MiscDeviceOptions, MiscDeviceRegistration},
+    new_mutex,
     page::Page,
     prelude::*,
-    sync::{global_lock, Arc},
+    sync::{global_lock, Arc, Mutex},
     transmute::{AsBytes, FromBytes},
     uaccess::{UserPtr, UserSlice},
 };
@@ -316,11 +319,18 @@ impl gmem::Driver for SimDev {
 }
 
 /// A registered simulated device, as open files see it.
+#[pin_data]
 struct SimDevice {
     reg: Registration<SimDev>,
     /// Address of its `/dev/gmem_simN` registration (0 until it exists), to find the
     /// device at open.
     misc: AtomicUsize,
+    /// Held by a change of the link model, from the unplug check to gmem being told the
+    /// new bandwidths, and by an unplug: two changes at once could otherwise leave a model
+    /// mixed of both, or gmem told one model while the device keeps the other; a change
+    /// could also pass the unplug check, change the model, and fail with `ENODEV`.
+    #[pin]
+    model: Mutex<()>,
 }
 
 global_lock! {
@@ -507,32 +517,39 @@ impl SimFile {
             return Err(EINVAL);
         }
         let links = &self.dev.reg.data().links;
-        if l.flags & LINK_SET != 0 {
-            if !sim_link::valid(&l.mbps, l.latency_ns) {
-                return Err(EINVAL);
+        {
+            // Read under the lock too: a reply holds one whole model.
+            let _model = self.dev.model.lock();
+            if l.flags & LINK_SET != 0 {
+                if !sim_link::valid(&l.mbps, l.latency_ns) {
+                    return Err(EINVAL);
+                }
+                // An unplugged device's links are no longer gmem's to know: refused before
+                // anything changes (an unplug cannot start before `report_links`: it takes
+                // the same lock).
+                if self.dev.reg.is_unplugged() {
+                    return Err(ENODEV);
+                }
+                // The channels' queues first, then the paths: a copy started in between
+                // books from now, among the old paths' reservations, which `set` then drops.
+                self.dev.reg.data().channels.reset_bookings();
+                links.set(l.mbps, l.latency_ns);
+                report_links(&self.dev.reg)?;
             }
-            // An unplugged device's links are no longer gmem's to know: refused before
-            // anything changes (else the model would change and the ioctl still fail).
-            if self.dev.reg.is_unplugged() {
-                return Err(ENODEV);
+            for (k, p) in PATHS.iter().enumerate() {
+                let s = links.stats(*p);
+                (l.mbps[k], l.bytes[k], l.busy_ns[k]) = (s.mbps, s.bytes, s.busy_ns);
             }
-            // The channels' queues first, then the paths: a copy started in between books
-            // from now, among the old paths' reservations, which `set` then drops.
-            self.dev.reg.data().channels.reset_bookings();
-            links.set(l.mbps, l.latency_ns);
-            report_links(&self.dev.reg)?;
+            l.latency_ns = links.latency_ns();
         }
-        for (k, p) in PATHS.iter().enumerate() {
-            let s = links.stats(*p);
-            (l.mbps[k], l.bytes[k], l.busy_ns[k]) = (s.mbps, s.bytes, s.busy_ns);
-        }
-        l.latency_ns = links.latency_ns();
+        // Without the lock: the struct may lie in a GMEM region and fault.
         w.write(&l)
     }
 
     /// Hot-unplug (as a PCI remove would): running launches end with `ENODEV`, gmem saves
     /// every page to the host, later launches get `ENODEV`. The node stays until unload.
     fn unplug(&self) -> Result {
+        let _model = self.dev.model.lock();
         if !self.dev.reg.unplug() {
             return Err(ENODEV);
         }
@@ -638,7 +655,14 @@ impl SimModule {
         let reg = Registration::new(opts, dev)?;
         report_links(&reg)?;
         pr_info!("gmem_sim{}: gmem device {}, {} frames\n", index, reg.id(), frames);
-        let sd = Arc::new(SimDevice { reg, misc: AtomicUsize::new(0) }, GFP_KERNEL)?;
+        let sd = Arc::pin_init(
+            pin_init!(SimDevice {
+                reg,
+                misc: AtomicUsize::new(0),
+                model <- new_mutex!((), "gmem_sim::SimDevice::model"),
+            }),
+            GFP_KERNEL,
+        )?;
         self.devs.push(sd.clone(), GFP_KERNEL)?;
         SIMS.lock().push(sd, GFP_KERNEL)?;
         Ok(())

@@ -111,11 +111,57 @@ fn refuses_bad_input() -> TestResult {
     Ok(())
 }
 
+/// Two threads changing the model at once, through two files: every reply holds one whole
+/// model (bandwidths and latency of the same call), and once both are done, gmem knows
+/// the bandwidths the device keeps (debugfs `multipath.*_mbps`, what the driver reported).
+/// Before, nothing serialised the changes: a reply, or the model itself, could mix both,
+/// and gmem could be told one model while the device kept the other.
+fn concurrent_changes_leave_one_model() -> TestResult {
+    const A: ([u64; 3], u64) = ([100, 200, 400], 1000);
+    const B: ([u64; 3], u64) = ([300, 600, 1200], 2000);
+    let whole = |l: &SimLink| (l.mbps, l.latency_ns) == A || (l.mbps, l.latency_ns) == B;
+    let (_g, s) = open()?;
+    // Both threads start their calls together.
+    let go = std::sync::Barrier::new(2);
+    let r = std::thread::scope(|sc| {
+        let run = |m: ([u64; 3], u64)| {
+            let go = &go;
+            sc.spawn(move || -> TestResult {
+                let s = Sim::open(0).map_err(|e| format!("open /dev/gmem_sim0: {e}"))?;
+                go.wait();
+                for k in 0..20000 {
+                    let l = ok!(s.set_link(m.0, m.1));
+                    ensure!(whole(&l), "reply {k} mixes two models: {:?}, latency {}", l.mbps, l.latency_ns);
+                }
+                Ok(())
+            })
+        };
+        let (a, b) = (run(A), run(B));
+        let ra = a.join().map_err(|_| "thread A panicked".to_string())?;
+        let rb = b.join().map_err(|_| "thread B panicked".to_string())?;
+        ra.and(rb)
+    });
+    let check = || -> TestResult {
+        r?;
+        let l = ok!(s.link());
+        ensure!(whole(&l), "the model mixes two: {:?}, latency {}", l.mbps, l.latency_ns);
+        for (k, key) in ["multipath.h2d_mbps", "multipath.d2h_mbps", "multipath.d2d_mbps"].iter().enumerate() {
+            let told = crate::t_overcommit::counter(0, key)?;
+            ensure!(told == l.mbps[k], "gmem was told {key}={told}, the device models {}", l.mbps[k]);
+        }
+        Ok(())
+    };
+    let res = check();
+    ok!(s.set_link([0; 3], 0));
+    res
+}
+
 pub fn tests() -> Vec<crate::harness::Test> {
     use crate::harness::Test;
     vec![
         Test { name: "link_model_paces_and_counts", f: paces_and_counts },
         Test { name: "link_model_latency_per_call", f: latency_per_call },
         Test { name: "link_model_refuses_bad_input", f: refuses_bad_input },
+        Test { name: "link_model_concurrent_changes_leave_one_model", f: concurrent_changes_leave_one_model },
     ]
 }
