@@ -509,6 +509,18 @@ fn fault_pages(
                     }
                     continue;
                 }
+                Err(_) if ahead.iter().any(|&w| w != 0) => {
+                    // A copy failed in a batch with fetched-ahead pages, and the batch was
+                    // undone from its failed part on (a batch not run in parts: whole),
+                    // faulted pages included: they are fetched again without the
+                    // speculation, whose failure must not fail the fault (its copies
+                    // include every page of the block wherever it is: a page on another
+                    // driver's device is refused, `EXDEV`). At most once: `rest` is off.
+                    drop(p);
+                    rest = false;
+                    next_page = idx.iter().position(|&i| i >= stuck.i).unwrap_or(idx.len());
+                    continue;
+                }
                 Err(e) => return Err(e),
                 Ok(()) => return Err(EINVAL),
             }
