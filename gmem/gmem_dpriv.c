@@ -114,6 +114,14 @@ static struct vm_area_struct *gmem_dpriv_vma(struct mm_struct *mm, unsigned long
 	return vma;
 }
 
+/* Whether the migration entry @src is a page of this device, selected to move. */
+static bool gmem_dpriv_selected(struct gmem_dpriv *d, unsigned long src)
+{
+	struct page *sp = migrate_pfn_to_page(src);
+
+	return sp && (src & MIGRATE_PFN_MIGRATE) && page_pgmap(sp) == &d->pgmap;
+}
+
 /*
  * Fills @b->dst[0..@n) for the device pages @b->src selects: a new locked host page each
  * (placed for @vma at @start + i pages if @vma is given; allocated with __GFP_NOFAIL if
@@ -132,7 +140,7 @@ static long gmem_dpriv_fill_back(struct gmem_dpriv *d, struct gmem_dpriv_back *b
 		struct page *hp;
 
 		b->dst[i] = 0;
-		if (!sp || !(b->src[i] & MIGRATE_PFN_MIGRATE) || page_pgmap(sp) != &d->pgmap)
+		if (!gmem_dpriv_selected(d, b->src[i]))
 			continue;
 		hp = vma ? alloc_page_vma(GFP_HIGHUSER_MOVABLE, vma, start + (i << PAGE_SHIFT)) :
 			   alloc_page(GFP_HIGHUSER_MOVABLE | (nofail ? __GFP_NOFAIL : 0));
@@ -318,8 +326,9 @@ long gmem_dpriv_to_host(struct gmem_dpriv *d, struct mm_struct *mm, unsigned lon
 /*
  * Moves this device's pages of [@start, @start + @npages pages) (at most a batch; clipped
  * to the VMA of @start, *@count: the pages of the clipped range) back to host memory.
- * Returns how many moved, or a negative errno (-EFAULT: no VMA gmem mirrors at @start).
- * The caller holds a user reference on @mm; takes its mmap read lock.
+ * Returns how many moved, or a negative errno (-EFAULT: no VMA gmem mirrors at @start; the
+ * copy's errno, or -ENOMEM, when pages were selected and none came back). The caller
+ * holds a user reference on @mm; takes its mmap read lock.
  */
 long gmem_dpriv_to_host(struct gmem_dpriv *d, struct mm_struct *mm, unsigned long start, unsigned long npages,
 			unsigned long *count)
@@ -327,7 +336,8 @@ long gmem_dpriv_to_host(struct gmem_dpriv *d, struct mm_struct *mm, unsigned lon
 	struct migrate_vma args = { .pgmap_owner = d, .flags = MIGRATE_VMA_SELECT_DEVICE_PRIVATE };
 	struct gmem_dpriv_back *b;
 	struct vm_area_struct *vma;
-	long moved = 0;
+	unsigned long i, selected = 0;
+	long moved = 0, filled;
 	int ret;
 
 	if (!npages || npages > GMEM_DPRIV_BATCH || !PAGE_ALIGNED(start))
@@ -353,10 +363,20 @@ long gmem_dpriv_to_host(struct gmem_dpriv *d, struct mm_struct *mm, unsigned lon
 		moved = ret;
 		goto out;
 	}
-	gmem_dpriv_fill_back(d, b, args.npages, vma, args.start, false);
+	for (i = 0; i < args.npages; i++)
+		selected += gmem_dpriv_selected(d, b->src[i]);
+	filled = gmem_dpriv_fill_back(d, b, args.npages, vma, args.start, false);
 	migrate_vma_pages(&args);
 	moved = gmem_dpriv_moved(b->src, b->dst, args.npages);
 	migrate_vma_finalize(&args);
+	/*
+	 * Pages of this device were selected and none came back: the copy's errno, or -ENOMEM
+	 * if none got a host page. (One the migration core refused at the last moment is no
+	 * error: it is still there for the next attempt. Holes are selected too, in an
+	 * anonymous mapping, but are no pages of ours.)
+	 */
+	if (!moved && selected && filled <= 0)
+		moved = filled ? filled : -ENOMEM;
 out:
 	mmap_read_unlock(mm);
 	kvfree(b);

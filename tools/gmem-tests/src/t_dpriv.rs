@@ -7,7 +7,7 @@
 
 use crate::harness::{child_exit, open, Test, TestResult};
 use crate::t_sysmem::Anon;
-use crate::{ensure, ok};
+use crate::{ensure, expect_errno, ok};
 use libgmem::debugfs;
 use libgmem::sim::{checksum, Sim};
 use libgmem::{Gmem, GMEM_ADV_PREFETCH, GMEM_HOST, GMEM_LOC_DEVICE, GMEM_LOC_HOST, GMEM_LOC_NONE, GMEM_Q_CPU_MAPPED};
@@ -122,6 +122,24 @@ fn dpriv_prefetch_home_of_an_inaccessible_mapping() -> TestResult {
     let q = ok!(g.query(m.addr, 64));
     ensure!(q.iter().all(|&x| x & 0xff == GMEM_LOC_HOST), "after PREFETCH to the host: {q:x?}");
     ensure!(m.words().iter().enumerate().all(|(i, &x)| x == pattern(0x77, i)), "data changed");
+    Ok(())
+}
+
+/// A PREFETCH home whose copy fails returns the copy's error, and the pages stay on the
+/// device with their data; the next PREFETCH home brings them back. (Before, the error was
+/// dropped: the PREFETCH returned 0 with every page still on the device.)
+fn dpriv_failed_copy_home_is_an_error() -> TestResult {
+    let (g, s, d, frames0, m) = migrated(64, 0x3c)?;
+    // Any copy call fails (the range may span two blocks: two calls).
+    ok!(s.fail_copy(0, libc::EIO as u32));
+    expect_errno!(g.advise(m.addr, m.len as u64, GMEM_ADV_PREFETCH, GMEM_HOST, 0), libc::EIO);
+    let q = ok!(g.query(m.addr, 64));
+    ensure!(q.iter().all(|&x| x == GMEM_LOC_DEVICE | (d << 8)), "after the failed PREFETCH home: {q:x?}");
+    ok!(g.advise(m.addr, m.len as u64, GMEM_ADV_PREFETCH, GMEM_HOST, 0));
+    let q = ok!(g.query(m.addr, 64));
+    ensure!(q.iter().all(|&x| x & 0xff == GMEM_LOC_HOST), "after PREFETCH home: {q:x?}");
+    wait_frames(d, frames0)?;
+    ensure!(m.words().iter().enumerate().all(|(i, &x)| x == pattern(0x3c, i)), "data changed");
     Ok(())
 }
 
@@ -578,6 +596,7 @@ pub fn tests() -> Vec<Test> {
             name: "dpriv_prefetch_home_of_an_inaccessible_mapping",
             f: dpriv_prefetch_home_of_an_inaccessible_mapping,
         },
+        Test { name: "dpriv_failed_copy_home_is_an_error", f: dpriv_failed_copy_home_is_an_error },
         Test { name: "dpriv_untouched_memory_moves_as_zeros", f: dpriv_untouched_memory_moves_as_zeros },
         Test { name: "dpriv_process_exits_with_buffer_on_device", f: dpriv_process_exits_with_buffer_on_device },
         Test { name: "dpriv_fork_after_migration", f: dpriv_fork_after_migration },
