@@ -19,6 +19,7 @@
 #include <linux/hmm.h>
 #include <linux/jiffies.h>
 #include <linux/magic.h>
+#include <linux/memory_hotplug.h>
 #include <linux/mm.h>
 #include <linux/mmu_notifier.h>
 #include <linux/oom.h>
@@ -355,8 +356,12 @@ int gmem_mirror_fault(struct gmem_mirror *m, void *owner, unsigned long start, c
 struct page *gmem_mirror_page(unsigned long hmm_pfn, bool *writable);
 /*
  * The page an HMM pfn of gmem_mirror_fault() names, or NULL if it names none (not
- * present, error, or a device-private page). *@writable: the CPU mapping allows writes.
- * Valid to use only under the Rust mirror lock with the snapshot's sequence still current.
+ * present, error, or device memory). *@writable: the CPU mapping allows writes.
+ * pfn_to_online_page() looks at the pfn's memory section first, and is NULL for device
+ * memory (ZONE_DEVICE, device-private pages included) except in a section shared with
+ * online memory while its pagemap is being torn down; a page it returns has a struct page
+ * in place, whose zone is then checked too. The page is valid to use only under the Rust
+ * mirror lock with the snapshot's sequence still current.
  */
 struct page *gmem_mirror_page(unsigned long hmm_pfn, bool *writable)
 {
@@ -364,8 +369,8 @@ struct page *gmem_mirror_page(unsigned long hmm_pfn, bool *writable)
 
 	if (!(hmm_pfn & HMM_PFN_VALID) || (hmm_pfn & HMM_PFN_ERROR))
 		return NULL;
-	p = hmm_pfn_to_page(hmm_pfn);
-	if (is_zone_device_page(p))
+	p = pfn_to_online_page(page_to_pfn(hmm_pfn_to_page(hmm_pfn)));
+	if (!p || is_zone_device_page(p))
 		return NULL;
 	*writable = !!(hmm_pfn & HMM_PFN_WRITE);
 	return p;
@@ -385,8 +390,10 @@ void gmem_mirror_dirty(struct page *page)
 bool gmem_mirror_page_file(unsigned long hmm_pfn);
 /*
  * Whether an HMM pfn names a host page that is not anonymous (a page-cache or shmem page:
- * one that can never move to a device). Reads the page's flags without holding it: a hint
- * for policy only (struct pages of host memory are never freed, so the read is safe).
+ * one that can never move to a device). Reads the flags of the page's folio without
+ * holding it: a hint for policy only. The page is of online memory (gmem_mirror_page),
+ * whose struct pages go only when the memory is offlined and removed: a read racing with
+ * that is the race every pfn walker of pfn_to_online_page() accepts.
  */
 bool gmem_mirror_page_file(unsigned long hmm_pfn)
 {

@@ -347,7 +347,10 @@ impl<'g> MirrorPage<'g> {
 /// page itself is not touched, so no current sequence is needed, as for a residency query).
 pub(crate) fn pfn_present(pfn: c_ulong) -> bool {
     let mut writable = false;
-    // SAFETY: decodes bits and computes a pointer, which is not dereferenced here.
+    // SAFETY: decodes bits and looks up the pfn's memory section (`pfn_to_online_page`);
+    // only the zone of a struct page of online memory is read (a read racing with that
+    // memory's removal is the race every walker of `pfn_to_online_page` accepts), and the
+    // pointer returned is not dereferenced here.
     !unsafe { gmem_mirror_page(pfn, &mut writable) }.is_null()
 }
 
@@ -355,8 +358,9 @@ pub(crate) fn pfn_present(pfn: c_ulong) -> bool {
 /// cache, shmem): one that never moves to a device. A hint for policy (read without a
 /// current sequence).
 pub(crate) fn pfn_file_page(pfn: c_ulong) -> bool {
-    // SAFETY: decodes bits and reads the flags of a host page's folio; struct pages of host
-    // memory are never freed, so the read is safe even if the page changed meanwhile.
+    // SAFETY: decodes bits and reads the folio flags of a page of online memory (checked
+    // first); such a struct page stays while its memory is online, and a read racing with
+    // the memory's removal is the race that every walker of `pfn_to_online_page` accepts.
     unsafe { gmem_mirror_page_file(pfn) }
 }
 
