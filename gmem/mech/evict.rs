@@ -440,7 +440,7 @@ pub(crate) struct Within<'a> {
 /// 2 MiB block of one region) and the cold rest of their block (with `limit`, only frames
 /// charged within it) as one batch; returns frames freed, `None` if the block is held
 /// (by a batch in flight, whose commit may free or keep these frames: the caller counts
-/// them in transit), or `ENOMEM` (with the count so far lost to the caller's early stop)
+/// them in transit) or its region is being torn down (which frees them), or `ENOMEM` (with the count so far lost to the caller's early stop)
 /// when the host is full. Called with `turn` held; gives it up before the batch copies
 /// (the caller takes it back: [`Turn::retake`]).
 ///
@@ -476,7 +476,12 @@ fn evict_victims(
         region.lock(&blk)
     };
     if region.is_dead() {
-        return Ok(Some(0));
+        // Its teardown frees these frames (it marked the region dead, and frees block by
+        // block): in transit, as a held block's are, so that a caller that needs room
+        // waits for them rather than failing. (Lent frames are the first victims of every
+        // round: a dead region's could otherwise fill every round of a pass, which then
+        // freed nothing and ended with ENOMEM while the device had cold frames.)
+        return Ok(None);
     }
     let advice = *region.advice.lock();
     let d = dev.id as u8;
