@@ -62,21 +62,24 @@ void gmem_dmem_unregister(struct dmem_cgroup_region *region)
 /*
  * Charges up to @n pages of @region to the dmem cgroup of @mm's owner, one charge per page,
  * storing each charged pool in @pools. Returns how many were charged; when a limit stopped
- * it, *@limit holds a reference to the pool at its limit (put with gmem_dmem_pool_put()).
+ * it, *@limit holds a reference to the pool at its limit (put with gmem_dmem_pool_put());
+ * when an error did (no memory for the cgroup's pool state), *@err holds it (else 0).
  * All @n are charged in one call when they fit; when they do not, page by page up to the
  * limit (the batch's own limit reference is put first). Either way each page holds one
  * reference, given back by gmem_dmem_uncharge() or gmem_dmem_uncharge_many().
  * @mm must be kept alive by the caller (mmgrab). May sleep.
  */
 u32 gmem_dmem_charge(struct dmem_cgroup_region *region, struct mm_struct *mm, u32 n,
-		     struct dmem_cgroup_pool_state **pools, struct dmem_cgroup_pool_state **limit);
+		     struct dmem_cgroup_pool_state **pools, struct dmem_cgroup_pool_state **limit, int *err);
 u32 gmem_dmem_charge(struct dmem_cgroup_region *region, struct mm_struct *mm, u32 n,
-		     struct dmem_cgroup_pool_state **pools, struct dmem_cgroup_pool_state **limit)
+		     struct dmem_cgroup_pool_state **pools, struct dmem_cgroup_pool_state **limit, int *err)
 {
 	struct task_struct *owner = NULL;
 	u32 k;
+	int ret;
 
 	*limit = NULL;
+	*err = 0;
 #ifdef CONFIG_MEMCG
 	rcu_read_lock();
 	owner = rcu_dereference(mm->owner);
@@ -96,8 +99,13 @@ u32 gmem_dmem_charge(struct dmem_cgroup_region *region, struct mm_struct *mm, u3
 		}
 	}
 	for (; k < n; k++) {
-		if (dmem_cgroup_try_charge_task(region, owner ?: current, PAGE_SIZE, &pools[k], limit))
+		ret = dmem_cgroup_try_charge_task(region, owner ?: current, PAGE_SIZE, &pools[k], limit);
+		if (ret) {
+			/* -EAGAIN: a limit (*@limit says which, if any cgroup's). */
+			if (ret != -EAGAIN)
+				*err = ret;
 			break;
+		}
 	}
 	if (owner)
 		put_task_struct(owner);

@@ -22,7 +22,11 @@
 
 use core::ptr::NonNull;
 use core::sync::atomic::{AtomicPtr, Ordering};
-use kernel::{ffi::c_void, mm::Mm, prelude::*};
+use kernel::{
+    ffi::{c_int, c_void},
+    mm::Mm,
+    prelude::*,
+};
 
 /// `struct dmem_cgroup_region` and `struct dmem_cgroup_pool_state` (opaque).
 #[repr(C)]
@@ -43,6 +47,7 @@ extern "C" {
         n: u32,
         pools: *mut *mut RawPool,
         limit: *mut *mut RawPool,
+        err: *mut c_int,
     ) -> u32;
     fn gmem_dmem_uncharge(pool: *mut RawPool);
     fn gmem_dmem_uncharge_many(pool: *mut RawPool, n: u32);
@@ -92,7 +97,9 @@ impl Region {
 
     /// Charges up to `n` frames to the dmem cgroup of `mm`'s owner, appending one
     /// [`Charge`] per frame to `out`. Fewer than `n` when a cgroup limit stops it: then
-    /// the pool at its limit comes back, for eviction within it. May sleep.
+    /// the pool at its limit comes back, for eviction within it. An error that stops it
+    /// (`ENOMEM`, for the cgroup's pool state) is returned, the charges made left in `out`
+    /// (given back when the caller drops them). May sleep.
     pub(crate) fn charge(&self, mm: &Mm, n: usize, out: &mut KVec<Charge>) -> Result<Option<Limit>> {
         let p = self.ptr.load(Ordering::Acquire);
         if p.is_null() {
@@ -105,13 +112,13 @@ impl Region {
         let n32 = u32::try_from(n).map_err(|_| EINVAL)?;
         let mut pools: KVec<*mut RawPool> = KVec::with_capacity(n, GFP_KERNEL)?;
         out.reserve(n, GFP_KERNEL)?;
-        let mut limit = core::ptr::null_mut();
+        let (mut limit, mut err) = (core::ptr::null_mut(), 0);
         // SAFETY: `p` is registered (a concurrent `unregister` can only happen at device
         // unregistration, after evacuation and `quiesce`, when no executor allocates on the
         // device any more: a batch's frames are allocated before the device is marked dead,
         // staging frames only inside a callback section, which `quiesce` waits for); `mm`
-        // is live; `pools` has room for `n` entries.
-        let k = unsafe { gmem_dmem_charge(p, mm.as_raw().cast(), n32, pools.as_mut_ptr(), &mut limit) };
+        // is live; `pools` has room for `n` entries; `limit` and `err` are live locals.
+        let k = unsafe { gmem_dmem_charge(p, mm.as_raw().cast(), n32, pools.as_mut_ptr(), &mut limit, &mut err) };
         let k = core::cmp::min(k as usize, n);
         // SAFETY: the first `k` entries were written by `gmem_dmem_charge`.
         unsafe { pools.inc_len(k) };
@@ -120,7 +127,12 @@ impl Region {
             let _ = out.push_within_capacity(Charge(NonNull::new(pool)));
         }
         // INVARIANT: a reference taken by `dmem_cgroup_try_charge_task` for us.
-        Ok(NonNull::new(limit).map(|ptr| Limit { ptr, owned: true }))
+        let limit = NonNull::new(limit).map(|ptr| Limit { ptr, owned: true });
+        if err != 0 {
+            // (No limit comes with an error: `limit` is `None`, nothing to put.)
+            return Err(Error::from_errno(err));
+        }
+        Ok(limit)
     }
 }
 
