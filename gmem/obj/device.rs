@@ -117,6 +117,8 @@ pub(crate) struct CDriver {
     caps: u32,
     /// Copy channels (`0..=GMEM_MAX_CHANNELS`; nonzero only with `copy_async`).
     channels: u32,
+    /// A callback returned a value the API does not allow (reported once per device).
+    misbehaved: AtomicBool,
 }
 
 // SAFETY: by the driver API contract the callbacks may be called from any thread.
@@ -155,7 +157,8 @@ impl CDriver {
             return Err(EINVAL);
         }
         // INVARIANT: checked above; lifetime by the caller's contract.
-        Ok((CDriver { ops, drv: p.drv, caps: p.caps, channels: p.nr_channels }, p.nr_frames))
+        let d = CDriver { ops, drv: p.drv, caps: p.caps, channels: p.nr_channels, misbehaved: AtomicBool::new(false) };
+        Ok((d, p.nr_frames))
     }
 
     /// The driver maps a whole 2 MiB block with one `GMEM_PTE_2M` entry when asked to.
@@ -176,17 +179,28 @@ impl CDriver {
 
 /// A C driver callback's result. 0 is success; anything else refuses (driver-api.rst: "a
 /// non-zero return"), a negative errno as itself and any other value (positive, or below
-/// `-MAX_ERRNO`) as `EIO`, with a warning. The header asks for 0 or a negative errno; a
-/// positive value taken for success would make gmem wait forever for the fence of a
-/// `copy_async` the driver refused, or commit pages a `copy` did not fill.
+/// `-MAX_ERRNO`) as `EIO`. The header asks for 0 or a negative errno; a positive value
+/// taken for success would make gmem wait forever for the fence of a `copy_async` the
+/// driver refused, or commit pages a `copy` did not fill.
 pub(crate) fn driver_result(r: c_int) -> Result {
     match r {
         0 => Ok(()),
         -4095..=-1 => Err(Error::from_errno(r)),
-        _ => {
-            kernel::pr_warn_once!("gmem: a driver callback returned {}, not 0 or a negative errno\n", r);
-            Err(EIO)
+        _ => Err(EIO),
+    }
+}
+
+impl CDriver {
+    /// [`driver_result`] of callback `what`, reporting a value outside the API once for
+    /// this device.
+    fn result(&self, what: &str, r: c_int) -> Result {
+        let res = driver_result(r);
+        if !(-4095..=0).contains(&r) {
+            if !self.misbehaved.swap(true, Ordering::Relaxed) {
+                pr_warn!("the driver's {} returned {}, not 0 or a negative errno: taken as -EIO\n", what, r);
+            }
         }
+        res
     }
 }
 
@@ -197,7 +211,7 @@ impl DeviceOps for CDriver {
         let mut ctx = core::ptr::null_mut();
         // SAFETY: mandatory callback (type invariant), called with the driver's `drv` and a
         // valid out-pointer.
-        driver_result(unsafe { f(self.drv, &mut ctx) })?;
+        self.result("ctx_create", unsafe { f(self.drv, &mut ctx) })?;
         Ok(Ctx(ctx))
     }
 
@@ -212,13 +226,13 @@ impl DeviceOps for CDriver {
         let f = self.ops().map.ok_or(EINVAL)?;
         let n = u32::try_from(ptes.len()).map_err(|_| EINVAL)?;
         // SAFETY: `ptes` is valid for `n` reads for the duration of the call.
-        driver_result(unsafe { f(self.drv, ctx.0, ptes.as_ptr(), n) })
+        self.result("map", unsafe { f(self.drv, ctx.0, ptes.as_ptr(), n) })
     }
 
     fn map_prepare(&self, ctx: Ctx, va: u64, npages: u64) -> Result {
         let f = self.ops().map_prepare.ok_or(EFAULT)?;
         // SAFETY: optional callback present; `ctx` is a live context of this driver.
-        driver_result(unsafe { f(self.drv, ctx.0, va, npages) })
+        self.result("map_prepare", unsafe { f(self.drv, ctx.0, va, npages) })
     }
 
     fn unmap(&self, ctx: Ctx, va: u64, npages: u64) {
@@ -241,7 +255,7 @@ impl DeviceOps for CDriver {
         let peer = peer.map_or(core::ptr::null_mut(), |p| p.drv);
         // SAFETY: `pages` is valid for `n` reads; host pages and frames in it are owned by
         // the core for the duration of the call.
-        driver_result(unsafe { f(self.drv, dir, pages.as_ptr(), n, peer) })
+        self.result("copy", unsafe { f(self.drv, dir, pages.as_ptr(), n, peer) })
     }
 
     fn channels(&self) -> u32 {
@@ -264,7 +278,7 @@ impl DeviceOps for CDriver {
         let peer = peer.map_or(core::ptr::null_mut(), |p| p.drv);
         // SAFETY: the callback is present; `pages` (n entries), what they name and `fence`
         // stay valid until the fence is signalled (the caller's contract).
-        driver_result(unsafe { f(self.drv, chan, dir, pages.as_ptr(), n, peer, fence.as_handle()) })
+        self.result("copy_async", unsafe { f(self.drv, chan, dir, pages.as_ptr(), n, peer, fence.as_handle()) })
     }
 
     fn frame_page(&self, frame: u64) -> Option<*mut bindings::page> {
