@@ -179,8 +179,8 @@ fn closing_a_file_does_not_wait_for_other_files_fences() -> TestResult {
 /// A process killed while it waits for its asynchronous prefetch (GMEM_IOC_WAIT) exits
 /// without waiting for the prefetch to finish: the prefetch stops at its next chunk (a
 /// block per lane at most). With the link slow (10 MB/s: 12 MiB take 1.26 s on it), a
-/// child queues a PREFETCH of 12 MiB, tells the parent, waits for it, and is killed 20 ms
-/// later. Before, the wait ignored the kill and the whole region crossed the link before
+/// child queues a PREFETCH of 12 MiB, tells the parent, waits for it, and is killed once
+/// it sleeps there. Before, the wait ignored the kill and the whole region crossed the link before
 /// the child could exit: a task inside the ioctl still uses the address space, so the
 /// lanes did not stop for the exit either.
 fn a_killed_waiter_stops_its_prefetch() -> TestResult {
@@ -209,27 +209,42 @@ fn a_killed_waiter_stops_its_prefetch() -> TestResult {
             // SAFETY: ends the child without running the parent's destructors.
             unsafe { libc::_exit(code) };
         }
+        // SAFETY: the parent's copy of the write end: a child that exits without writing
+        // ends the read below.
+        unsafe { libc::close(fds[1]) };
         let mut b = 0u8;
         // SAFETY: one byte into a live buffer, from the pipe.
         let got = unsafe { libc::read(fds[0], (&raw mut b).cast(), 1) };
+        // SAFETY: our own descriptor.
+        unsafe { libc::close(fds[0]) };
         if got == 1 {
-            std::thread::sleep(std::time::Duration::from_millis(20));
+            // Killed once it sleeps in the WAIT (state D; up to 2 s), so that the kill
+            // lands there and not before it.
+            let asleep = || {
+                std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                    .ok()
+                    .and_then(|st| st.rsplit_once(") ").map(|(_, rest)| rest.starts_with('D')))
+                    .unwrap_or(false)
+            };
+            for _ in 0..2000 {
+                if asleep() {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
             // SAFETY: our own child.
             unsafe { libc::kill(pid, libc::SIGKILL) };
         }
         let mut status = 0;
         // SAFETY: waits for our own child.
-        unsafe {
-            libc::waitpid(pid, &mut status, 0);
-            libc::close(fds[0]);
-            libc::close(fds[1]);
-        }
+        unsafe { libc::waitpid(pid, &mut status, 0) };
         ensure!(
             libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGKILL,
             "the child was not killed in its wait (status {status:#x}: exit code 1-3 is a failed setup, 4 a wait that returned)"
         );
-        // Once the child is reaped, its prefetch has stopped: at most the 20 ms before the
-        // kill (0.2 MB) and one 2 MiB block in each of the three lanes crossed the link.
+        // Once the child is reaped, its prefetch has stopped: at most what crossed before
+        // the kill (a few milliseconds at 10 MB/s) and one 2 MiB block in each of the
+        // three lanes.
         let moved = h2d(&ok!(s.link())) - h2d(&l0);
         ensure!(moved < 9 * MIB, "the killed waiter's prefetch ran on: {moved} of {LEN} bytes moved");
         Ok(())
