@@ -107,7 +107,19 @@ pub(crate) fn cpu_fault(
     }
     // A lone page (no fault-around) needs no allocation.
     let steps: &mut [migrate::Step] = if steps.is_empty() { &mut one } else { &mut steps };
-    let out = migrate::apply_batch(&Env::access(region, None), &mut p, steps);
+    let env = Env::access(region, None);
+    let mut out = migrate::apply_batch(&env, &mut p, steps);
+    // Fault-around is a bet: when the batch failed before the faulting page (a copy error
+    // of any page undoes the batch from its failed part on), the page comes alone, once.
+    let mut lone = [me];
+    let alone = out.done <= at && steps.len() > 1 && out.res.is_err();
+    if alone {
+        let s = p.state(i);
+        let (next, a) = cpu_transition(s, write).map_err(|_| EFAULT)?;
+        lone = [migrate::Step { i, prev: s, next, a }];
+        out = migrate::apply_batch(&env, &mut p, &lone);
+    }
+    let (steps, at, a): (&[migrate::Step], usize, _) = if alone { (&lone, 0, lone[0].a) } else { (steps, at, a) };
     let from = match s.loc() {
         Loc::Device(d) => Some(d),
         _ => None,

@@ -223,6 +223,51 @@ fn fault_around_edges_pinned_and_duplicated() -> TestResult {
     Ok(())
 }
 
+static SIGBUS_SEEN: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// Counts the SIGBUS and returns: the access is made again.
+extern "C" fn count_sigbus(_sig: i32) {
+    SIGBUS_SEEN.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// A CPU fault's fault-around is a bet: when the copy home of its batch fails, the faulting
+/// page comes home alone and the access goes on. (Before, a failed copy of any page of the
+/// batch failed the access: SIGBUS.) The CPU reads page 99 of a block the device wrote
+/// (it comes alone), then page 100, which continues a stream and takes the rest of the
+/// block with it; the next copy call of more than one page fails.
+fn cpu_fault_around_failure_does_not_fail_the_access() -> TestResult {
+    let (g, s) = open()?;
+    let r = ok!(g.alloc(2 * BLOCK));
+    let a = r.addr.next_multiple_of(BLOCK);
+    ok!(s.fill(a, BLOCK, 500));
+    let w = words(&r);
+    let word = |p: usize| ((a - r.addr) / 4) as usize + p * 1024;
+    let want = |p: usize| 500u32.wrapping_add((p * 1024) as u32);
+    // SAFETY: within the region; volatile, so that the page is really touched.
+    let v = unsafe { std::ptr::read_volatile(&w[word(99)]) };
+    ensure!(v == want(99), "page 99 reads {v:#x}");
+    let q = ok!(g.query(a, 512));
+    ensure!(q_loc(q[99]) == GMEM_LOC_HOST && q_loc(q[100]) == GMEM_LOC_DEVICE, "{:#x} {:#x}", q[99], q[100]);
+    SIGBUS_SEEN.store(0, std::sync::atomic::Ordering::SeqCst);
+    crate::harness::on_signal(libc::SIGBUS, count_sigbus as *const () as usize, false);
+    // Read-ahead home off: its worker would take the armed failure first.
+    control("readahead=0")?;
+    let armed = s.fail_copy(1, libc::EIO as u32);
+    // SAFETY: as above.
+    let v = armed.is_ok().then(|| unsafe { std::ptr::read_volatile(&w[word(100)]) });
+    crate::harness::on_signal(libc::SIGBUS, libc::SIG_DFL, false);
+    control("readahead=1")?;
+    ok!(armed);
+    let seen = SIGBUS_SEEN.load(std::sync::atomic::Ordering::SeqCst);
+    ensure!(seen == 0, "the access got SIGBUS {seen} time(s)");
+    ensure!(v == Some(want(100)), "page 100 reads {v:x?}");
+    // The batch did take the failure: the rest of the block is still on the device.
+    let q = ok!(g.query(a, 512));
+    ensure!(q_loc(q[100]) == GMEM_LOC_HOST, "page 100 not home: {:#x}", q[100]);
+    ensure!(q_loc(q[101]) == GMEM_LOC_DEVICE, "page 101 came home: no fault-around batch failed ({:#x})", q[101]);
+    Ok(())
+}
+
 /// Two threads fault disjoint halves of one region at once, on one device and on two;
 /// every round's data is verified by the CPU and by the devices.
 fn concurrent_faults_on_one_region() -> TestResult {
@@ -352,6 +397,10 @@ pub fn tests() -> Vec<Test> {
             f: host_alloc_failure_after_first_part_frees_every_frame,
         },
         Test { name: "fault_around_edges_pinned_and_duplicated", f: fault_around_edges_pinned_and_duplicated },
+        Test {
+            name: "cpu_fault_around_failure_does_not_fail_the_access",
+            f: cpu_fault_around_failure_does_not_fail_the_access,
+        },
         Test { name: "concurrent_faults_on_one_region", f: concurrent_faults_on_one_region },
         Test { name: "two_mib_mapping_splits_when_a_page_leaves", f: two_mib_mapping_splits_when_a_page_leaves },
     ]
