@@ -440,8 +440,8 @@ pub(crate) struct Within<'a> {
 /// 2 MiB block of one region) and the cold rest of their block (with `limit`, only frames
 /// charged within it) as one batch; returns frames freed, `None` if the block is held
 /// (by a batch in flight, whose commit may free or keep these frames: the caller counts
-/// them in transit) or its region is being torn down (which frees them), or `ENOMEM` (with the count so far lost to the caller's early stop)
-/// when the host is full. Called with `turn` held; gives it up before the batch copies
+/// them in transit) or its region is being torn down (which frees them), or `ENOMEM`
+/// (with the count so far lost to the caller's early stop) when the host is full. Called with `turn` held; gives it up before the batch copies
 /// (the caller takes it back: [`Turn::retake`]).
 ///
 /// The block's pages are looked at in two rounds, the seeds then the rest of the block

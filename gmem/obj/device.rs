@@ -181,7 +181,8 @@ impl CDriver {
 /// non-zero return"), a negative errno as itself and any other value (positive, or below
 /// `-MAX_ERRNO`) as `EIO`. The header asks for 0 or a negative errno; a positive value
 /// taken for success would make gmem wait forever for the fence of a `copy_async` the
-/// driver refused, or commit pages a `copy` did not fill.
+/// driver refused, or commit pages a `copy` did not fill. (Also the result a driver
+/// signals a fence with.)
 pub(crate) fn driver_result(r: c_int) -> Result {
     match r {
         0 => Ok(()),
@@ -195,7 +196,8 @@ impl CDriver {
     /// this device.
     fn result(&self, what: &str, r: c_int) -> Result {
         let res = driver_result(r);
-        if !(-4095..=0).contains(&r) {
+        // Outside the API: refused with an error that is not `r` itself.
+        if res.is_err_and(|e| e.to_errno() != r) {
             if !self.misbehaved.swap(true, Ordering::Relaxed) {
                 pr_warn!("the driver's {} returned {}, not 0 or a negative errno: taken as -EIO\n", what, r);
             }

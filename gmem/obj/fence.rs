@@ -61,7 +61,7 @@ impl Fence {
     /// a driver bug: it is reported (WARN) and otherwise ignored. A result that is not 0 or
     /// an errno counts as `EIO`.
     pub(crate) fn signal(&self, err: i32) {
-        let r = if err == 0 || (-4095..0).contains(&err) { err } else { EIO.to_errno() };
+        let r = crate::obj::device::driver_result(err).map_or_else(|e| e.to_errno(), |()| 0);
         if self.state.compare_exchange(PENDING, r, Ordering::AcqRel, Ordering::Acquire).is_err() {
             pr_err!("gmem_fence_signal: fence signalled twice\n");
             kernel::warn_on!(true);

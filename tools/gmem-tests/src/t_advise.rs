@@ -180,9 +180,9 @@ fn closing_a_file_does_not_wait_for_other_files_fences() -> TestResult {
 /// without waiting for the prefetch to finish: the prefetch stops at its next chunk (a
 /// block per lane at most). With the link slow (10 MB/s: 12 MiB take 1.26 s on it), a
 /// child queues a PREFETCH of 12 MiB, tells the parent, waits for it, and is killed once
-/// it sleeps there. Before, the wait ignored the kill and the whole region crossed the link before
-/// the child could exit: a task inside the ioctl still uses the address space, so the
-/// lanes did not stop for the exit either.
+/// it sleeps there. Before, the wait ignored the kill and the whole region crossed the
+/// link before the child could exit: a task inside the ioctl still uses the address
+/// space, so the lanes did not stop for the exit either.
 fn a_killed_waiter_stops_its_prefetch() -> TestResult {
     let (_g, s) = open()?;
     const LEN: u64 = 12 * MIB;

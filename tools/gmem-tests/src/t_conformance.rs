@@ -374,7 +374,7 @@ fn cross_driver_speculation_does_not_fail_a_fault() -> TestResult {
         *x = pattern(7, i);
     }
     let want = checksum(w);
-    let block = (r.addr + BLOCK - 1) & !(BLOCK - 1);
+    let block = r.addr.next_multiple_of(BLOCK);
     // The block's second half on the other driver's device.
     ok!(g.advise(block + BLOCK / 2, BLOCK / 2, GMEM_ADV_PREFETCH, cs_id as i32, 0));
     // The sim's device reads the block's first quarter (one fault batch of 128 pages).
