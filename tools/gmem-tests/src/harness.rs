@@ -348,6 +348,14 @@ pub fn space_stat(pages: u64, key: &str) -> Result<u64, String> {
     v.parse().map_err(|e: std::num::ParseIntError| e.to_string())
 }
 
+/// A counter of the kernel's `/proc/vmstat` (`pgmigrate_success`, say).
+pub fn vmstat(key: &str) -> Result<u64, String> {
+    let text = std::fs::read_to_string("/proc/vmstat").map_err(|e| e.to_string())?;
+    let v =
+        text.lines().find_map(|l| l.strip_prefix(key)?.strip_prefix(' ')).ok_or(format!("no {key} in /proc/vmstat"))?;
+    v.trim().parse().map_err(|e: std::num::ParseIntError| e.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
