@@ -138,12 +138,13 @@ fn show_device(d: &Device, f: &mut fmt::Formatter<'_>) -> fmt::Result {
     )?;
     writeln!(
         f,
-        "  evicted: to_host={} to_peer={} clean_dropped={} pre_evicted={} passed={} overlapped={} writebacks={} evacuated={} lost={}",
+        "  evicted: to_host={} to_peer={} clean_dropped={} pre_evicted={} passed={} behind={} overlapped={} writebacks={} evacuated={} lost={}",
         g(&s.evicted_to_host),
         g(&s.evicted_to_peer),
         g(&s.evicted_clean),
         g(&s.pre_evicted),
         g(&s.evict_passed),
+        g(&s.evict_behind),
         g(&s.evict_overlaps),
         g(&s.writebacks),
         g(&s.evacuated),

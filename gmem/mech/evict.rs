@@ -4,7 +4,8 @@
 //! - Order: CLOCK over frames (`policy/src/evict.rs`), fed by faults and prefetches (set
 //!   the referenced bit) and by the driver's accessed bits (second chance, except in
 //!   blocks the device's stream has gone past). Pinned frames are never chosen; frames
-//!   parked by peers go first.
+//!   parked by peers go first. Victims in front of the device's stream give way to the
+//!   pages of a block it has gone past (`evict_behind`).
 //! - A victim leaves with its 2 MiB neighbourhood: the hand's victims of one 2 MiB block
 //!   of a region, and every other page of that block on the same device, not pinned and
 //!   not referenced, go in the same batch (one block lock).
@@ -39,12 +40,13 @@ use crate::exec::migrate::{self, Env};
 use crate::obj::device::{Ctx, DevStats, Device, DeviceOps, Owner, Promise, F_PREFETCHED, F_SPARED};
 use crate::obj::dmem::Limit;
 use crate::obj::region::{adv, ADVICE_RUNS};
-use crate::obj::region::{block_base, Region};
+use crate::obj::region::{block_base, Region, BLOCK_BYTES};
 use crate::obj::{devices, sched, trace, tune};
 use crate::policy::bits::{self, BlockBits};
 use crate::policy::evict::{reclaim_target, write_back_lent, F_REF};
 use crate::policy::page_state::Target;
 use crate::policy::page_state::{dev_bit, transition, Actions, Copy, Event, Loc};
+use crate::policy::prefetch::passed_blocks;
 use crate::policy::range::AdviceMap;
 use core::sync::atomic::Ordering::Relaxed;
 use kernel::mm::Mm;
@@ -577,6 +579,95 @@ fn evict_victims(
     evict_pages(dev, region, &mut p, &idx, peer).map(Some)
 }
 
+/// Blocks behind the reader that [`evict_behind`] looks at, nearest first.
+const BEHIND_LOOK: usize = 8;
+
+/// In place of the hand's victims `seeds` (frames of one block of one region), when that
+/// block lies in front of the reader of the device's live stream in the region
+/// (`Device::reader_before`) and prefetch pays on the device: the pages on `dev` of the
+/// nearest block the stream has gone past (`policy::prefetch::passed_blocks`), at most
+/// `budget` of them, go as one batch. The stream reaches the hand's victims before it comes
+/// back, if ever, to a block behind it. (The hand alone, in P4's 2x stream, evicted the
+/// half that the checksum reads second while it read the first, then fetched it all
+/// again: 16 MiB more over the host link, with the device waiting at the end.) Pages
+/// that prefer the device, are pinned, or are protected by their cgroup's `dmem.min`
+/// stay; the unmap settles the pending prefetches of the others by the device's accessed
+/// bits (`migrate::revoke`). `None` when this does not apply (also within a dmem cgroup's
+/// limit), or no such block has evictable pages: the hand's victims go then (also after
+/// a batch here that freed nothing). If a block behind was held while eviction batches
+/// copied and none had evictable pages, `Ok(None)`: in transit, as [`evict_victims`] says
+/// of a held block (a caller that needs the room waits for the batches copying, and the
+/// hand's victims stay). Called as [`evict_victims`] is, with `turn` held; gives it up before
+/// the batch copies.
+fn evict_behind(
+    dev: &Device,
+    seeds: &[(u32, &Owner)],
+    peer: &Option<Arc<Device>>,
+    budget: usize,
+    limit: Option<&Limit>,
+    turn: &mut Turn<'_>,
+) -> Option<Result<Option<usize>>> {
+    if limit.is_some() || budget == 0 || !dev.prefetch_pays() {
+        return None;
+    }
+    let (_, head) = seeds.first()?;
+    let region = &head.region;
+    let va = usize::try_from(region.va(head.page as usize)).ok()?;
+    let at = dev.reader_before(region, block_base(va))?;
+    let d = dev.id as u8;
+    // Whether a block behind was held while eviction batches copied (most likely by one
+    // of them, whose frames come free when its copies end; as for `evict_victims`, a
+    // block held with none copying is not waited for).
+    let mut held = false;
+    for b in passed_blocks(at / BLOCK_BYTES, BEHIND_LOOK) {
+        let Some(lo) = b.checked_mul(BLOCK_BYTES) else { break };
+        // Below the region's start: so are the rest.
+        if lo.saturating_add(BLOCK_BYTES) <= region.start {
+            break;
+        }
+        let Some(blk) = region.index(lo.max(region.start)).and_then(|i| region.block_if_any(i)) else { continue };
+        let Some(mut p) = region.try_lock(&blk) else {
+            held |= turn.copying() > 0;
+            continue;
+        };
+        if region.is_dead() {
+            return None;
+        }
+        let advice = *region.advice.lock();
+        let (first, last) = (p.range().start, p.range().end);
+        let mut cand: KVec<(usize, u32)> = KVec::new();
+        for j in first..last {
+            let s = p.state(j);
+            if s.loc() == Loc::Device(d)
+                && !s.pinned()
+                && adv::preferred(advice.get(j as u64)) != Some(Target::Device(d))
+            {
+                cand.push((j, p.frame(j)), GFP_KERNEL).ok()?;
+            }
+        }
+        // Frames that the device-wide pressure may take: not protected by their cgroup's
+        // `dmem.min` (as for the rest of a victim's block).
+        let mut fls: KVec<Option<u8>> = KVec::new();
+        fls.extend_with(cand.len(), None, GFP_KERNEL).ok()?;
+        dev.flags_of(cand.iter().map(|c| c.1), Some(None), &mut fls);
+        let mut idx: KVec<usize> = KVec::with_capacity(cand.len(), GFP_KERNEL).ok()?;
+        for (&(j, _), fl) in cand.iter().zip(fls.iter()) {
+            if fl.is_some() && idx.len() < budget {
+                let _ = idx.push_within_capacity(j);
+            }
+        }
+        if idx.is_empty() {
+            continue;
+        }
+        DevStats::add(&dev.stats.evict_behind, idx.len() as u64);
+        turn.give_up(idx.len() as u64);
+        return Some(evict_pages(dev, region, &mut p, &idx, peer).map(Some));
+    }
+    // Frames behind the stream on their way out: waited for as in transit, not replaced
+    // by what the stream reads next.
+    held.then_some(Ok(None))
+}
+
 /// Frees at least `want` frames on `dev` if that many are evictable — `within` a dmem
 /// cgroup pool, frames charged within it only; returns frames freed (0: nothing evictable,
 /// host memory exhausted, every victim's block held by a batch in flight while eviction
@@ -716,7 +807,20 @@ fn pass(dev: &Arc<Device>, want: usize, why: Why, within: Option<Within<'_>>) ->
             // spared, as any unused prefetch).
             let keep_ahead = matches!(why, Why::Background | Why::Ahead) && limit.is_none();
             // `turn` is held here: taken at the start, and back after every block.
-            let done = evict_victims(dev, seeds, &peer, budget, limit, keep_ahead, &mut turn);
+            let done = match evict_behind(dev, seeds, &peer, budget, limit, &mut turn) {
+                Some(Ok(Some(0))) | None => {
+                    turn.retake();
+                    evict_victims(dev, seeds, &peer, budget, limit, keep_ahead, &mut turn)
+                }
+                // What the stream has gone past is on its way out: the pass ends there
+                // (its caller waits for those frames if it needs them) rather than have
+                // the hand sweep on through frames the stream reads next.
+                Some(Ok(None)) => {
+                    in_transit = true;
+                    break 'rounds;
+                }
+                Some(r) => r,
+            };
             turn.retake();
             match done {
                 Ok(Some(n)) => freed += n,

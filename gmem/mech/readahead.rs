@@ -269,10 +269,19 @@ fn start_chain(dev: &Arc<Device>, r: &Arc<Region>, block_va: usize, resume: bool
     // The region's stream, or the place of a free or the stalest one.
     let k = dev.stream_for(r);
     let st = &dev.streams[k];
-    st.at.store(block_va, Relaxed);
-    st.asked_ns.store(crate::obj::sched::now_ns(), Relaxed);
+    let was_at = st.at.swap(block_va, Relaxed);
+    let now = crate::obj::sched::now_ns();
+    let before = st.asked_ns.swap(now, Relaxed);
     st.va.store(r.start, Relaxed);
     let same = st.of.swap(region_id(r), Relaxed) == region_id(r);
+    // The stream's pace: from its last ask in one block to its first in the next (several
+    // asks in one block keep it); none for a stream new to this place. Racing asks may
+    // store either's.
+    if !same || before == 0 {
+        st.gap_ns.store(0, Relaxed);
+    } else if was_at != block_va {
+        st.gap_ns.store(now.saturating_sub(before), Relaxed);
+    }
     // Pairs with the fence in `give_back` (see there), and with the one in
     // `Device::forget_stream`: either the region's teardown sees it named here and forgets
     // it, or this sees it dead (a later region at the same address must not inherit it).

@@ -27,7 +27,7 @@ use crate::policy::bits::{self, BlockBits};
 use crate::policy::evict::{self as order, Clock, F_CLEAN, F_LENT, F_PINNED, F_REF, F_USED};
 use crate::policy::frames::{FrameMap, CHUNK_FRAMES};
 use crate::policy::paths;
-use crate::policy::prefetch::{behind_stream, pick_stream, Accuracy};
+use crate::policy::prefetch::{ahead_of_stream, behind_stream, pick_stream, stream_fresh_ns, Accuracy};
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use kernel::{
     bindings,
@@ -318,10 +318,15 @@ impl DeviceOps for CDriver {
 }
 
 /// How long a device's stream stays live after its last fault that asked for read-ahead
-/// ([`Device::behind_reader`]): 50 ms, several blocks' compute under TCG (P4's device
-/// computes a 2 MiB block in about 7 ms). Shorter only costs the pages of a slow stream
-/// their early eviction.
+/// ([`Device::behind_reader`]), at least: 50 ms, several blocks' compute under TCG (P4's
+/// device computes a 2 MiB block in about 7 ms). A stream that asks more slowly (a device
+/// computing long on each block; the debug kernel's took about 90 ms a block) stays live
+/// for four of its gaps between blocks, at most [`STREAM_FRESH_MAX_NS`] (a gap over a
+/// quarter of that is a pause, not a pace: `policy::prefetch::stream_fresh_ns`).
 pub(crate) const STREAM_FRESH_NS: u64 = 50_000_000;
+
+/// The longest a slow stream stays live after its last ask: 1 s.
+pub(crate) const STREAM_FRESH_MAX_NS: u64 = 1_000_000_000;
 
 /// Streams of device faults read-ahead follows at once on one device, each with a chain of
 /// its own (`mech/readahead.rs`): a kernel that reads two arrays and writes a third streams
@@ -350,11 +355,22 @@ pub(crate) struct Stream {
     /// while has ended, or moved on to other work ([`Device::behind_reader`]), and its
     /// place is the first taken by a new one (`Device::stream_for`).
     pub(crate) asked_ns: AtomicU64,
+    /// The time from the reader's last ask in one block to its first in the next, in the
+    /// same region (0: none such yet): the stream's pace, which sets how long it stays
+    /// live (`Stream::age`).
+    pub(crate) gap_ns: AtomicU64,
     /// The start address of the region `of` (debugfs only).
     pub(crate) va: AtomicUsize,
 }
 
 impl Stream {
+    /// How long ago the reader last asked, and how long the stream stays live after an
+    /// ask at its pace (`policy::prefetch::stream_fresh_ns`).
+    fn age(&self) -> (u64, u64) {
+        let age = crate::obj::sched::now_ns().saturating_sub(self.asked_ns.load(Ordering::Relaxed));
+        (age, stream_fresh_ns(self.gap_ns.load(Ordering::Relaxed), STREAM_FRESH_NS, STREAM_FRESH_MAX_NS))
+    }
+
     const fn new() -> Stream {
         Stream {
             token: AtomicBool::new(false),
@@ -362,6 +378,7 @@ impl Stream {
             at: AtomicUsize::new(0),
             of: AtomicUsize::new(0),
             asked_ns: AtomicU64::new(0),
+            gap_ns: AtomicU64::new(0),
             va: AtomicUsize::new(0),
         }
     }
@@ -399,6 +416,9 @@ pub(crate) struct DevStats {
     /// Touched pages chosen for eviction without a second chance, counted when chosen:
     /// the device's stream had gone past their block (`evict.rs`, `Verdict::Passed`).
     pub(crate) evict_passed: AtomicU64,
+    /// Pages evicted from a block the device's stream had gone past in place of the
+    /// hand's victims in front of it (`evict.rs`, `evict_behind`).
+    pub(crate) evict_behind: AtomicU64,
     pub(crate) fault_waits: AtomicU64,
     /// Times a fault, advice or cgroup reclaim waited for one of the eviction batches
     /// copying at the time (other passes') to end, instead of evicting more or polling for
@@ -1305,19 +1325,31 @@ impl Device {
     }
 
     /// Whether the device's stream in `r` has gone past the block at `block_va`: a chain
-    /// reads ahead in `r`, its reader's last fault that asked for read-ahead came less
-    /// than [`STREAM_FRESH_NS`] ago, and its block (`Stream::at`) lies at least two blocks
-    /// further on (the block right behind the reader's may still be read, as a stencil's
-    /// halo is): `policy::prefetch::behind_stream`. A device streaming forward reaches such
+    /// reads ahead in `r`, its reader's last fault that asked for read-ahead is still
+    /// fresh (came less than [`STREAM_FRESH_NS`] ago, or four of the stream's gaps between
+    /// asks: `Stream::age`), and its block (`Stream::at`) lies at least two blocks further
+    /// on (the block right behind the reader's may still be read, as a stencil's halo is):
+    /// `policy::prefetch::behind_stream`. A device streaming forward reaches such
     /// a block again, if at all, only after every block in front of it. The fields are
     /// read one by one without a lock (a fault may move them meanwhile, even to another
     /// region): the answer is a policy hint, wrong at worst for one eviction batch.
     pub(crate) fn behind_reader(&self, r: &Arc<Region>, block_va: usize) -> bool {
         self.stream_in(r).is_some_and(|s| {
             let (at, to) = (s.at.load(Ordering::Relaxed), s.ahead_to.load(Ordering::Relaxed));
-            let age = crate::obj::sched::now_ns().saturating_sub(s.asked_ns.load(Ordering::Relaxed));
-            behind_stream(block_va / BLOCK_BYTES, at / BLOCK_BYTES, to / BLOCK_BYTES, age, STREAM_FRESH_NS)
+            let (age, fresh) = s.age();
+            behind_stream(block_va / BLOCK_BYTES, at / BLOCK_BYTES, to / BLOCK_BYTES, age, fresh)
         })
+    }
+
+    /// The block (2 MiB-aligned address) of the reader of the device's stream in `r`, if
+    /// the block at `block_va` lies in front of it and the stream is live
+    /// (`policy::prefetch::ahead_of_stream`, on the same fields and with the same caveat
+    /// as [`Device::behind_reader`]).
+    pub(crate) fn reader_before(&self, r: &Arc<Region>, block_va: usize) -> Option<usize> {
+        let s = self.stream_in(r)?;
+        let (at, to) = (s.at.load(Ordering::Relaxed), s.ahead_to.load(Ordering::Relaxed));
+        let (age, fresh) = s.age();
+        ahead_of_stream(block_va / BLOCK_BYTES, at / BLOCK_BYTES, to / BLOCK_BYTES, age, fresh).then_some(at)
     }
 
     /// `r` is being torn down: no stream the device follows is in it any more. (A later

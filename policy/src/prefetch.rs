@@ -187,6 +187,35 @@ pub fn behind_stream(block: usize, at: usize, to: usize, age_ns: u64, fresh_ns: 
     to > at && age_ns < fresh_ns && block.checked_add(2).is_some_and(|e| e <= at)
 }
 
+/// How long a stream stays live after its reader's last ask for read-ahead, given the
+/// time `gap_ns` between its asks in its last two blocks (0: not known): `fresh_ns`, or
+/// four of its gaps for a stream that asks more slowly (a device computing long on each
+/// block), at most `max_ns`. A gap over a quarter of `max_ns` is a pause between two
+/// streams, not a pace: `fresh_ns` then. A stream that has not asked for that long has
+/// ended or moved on.
+pub fn stream_fresh_ns(gap_ns: u64, fresh_ns: u64, max_ns: u64) -> u64 {
+    if gap_ns > max_ns / 4 {
+        return fresh_ns;
+    }
+    gap_ns.saturating_mul(4).clamp(fresh_ns, core::cmp::max(fresh_ns, max_ns))
+}
+
+/// Whether block `block` lies in front of a device's live stream (as for
+/// [`behind_stream`]: its reader at block `at`, its chain queued up to `to`, its last ask
+/// `age_ns` ago): after the reader's block, while the stream is fresh and its chain ahead.
+/// The stream reaches such a block before it comes back, if ever, to one it has gone past.
+pub fn ahead_of_stream(block: usize, at: usize, to: usize, age_ns: u64, fresh_ns: u64) -> bool {
+    to > at && age_ns < fresh_ns && block > at
+}
+
+/// The blocks a stream whose reader is at block `at` has gone past, nearest first, at most
+/// `look` of them: from two before the reader's (the one right behind it may still be
+/// read) back towards block 0.
+pub fn passed_blocks(at: usize, look: usize) -> impl Iterator<Item = usize> {
+    let end = at.saturating_sub(1);
+    (end.saturating_sub(look)..end).rev()
+}
+
 /// Which of a device's read-ahead streams a fault in the region `id` (nonzero) takes, given
 /// each stream's region (`0`: none yet) and when its reader last asked (ns): the stream
 /// already in `id`; else the first that follows no region; else the one whose reader
@@ -584,6 +613,62 @@ mod tests {
                 proptest::prop_assert!(block + 2 > at || to <= at || age >= fresh);
             }
         }
+    }
+
+    proptest::proptest! {
+        /// In front of the stream is after the reader's block and never behind the stream;
+        /// the blocks passed are behind it (for a live stream), nearest first, at most
+        /// `look`, and every block behind within `look` of the nearest is among them.
+        #[test]
+        fn passed_blocks_lie_behind_and_ahead_lies_in_front(
+            block in 0usize..64, at in 0usize..64, to in 0usize..64, age in 0u64..200, fresh in 0u64..200,
+            look in 0usize..16
+        ) {
+            let ahead = super::ahead_of_stream(block, at, to, age, fresh);
+            proptest::prop_assert_eq!(ahead, block > at && to > at && age < fresh);
+            proptest::prop_assert!(!(ahead && super::behind_stream(block, at, to, age, fresh)));
+            let passed: std::vec::Vec<usize> = super::passed_blocks(at, look).collect();
+            proptest::prop_assert!(passed.len() <= look);
+            proptest::prop_assert!(passed.windows(2).all(|w| w[0] == w[1] + 1));
+            if let Some(&first) = passed.first() {
+                proptest::prop_assert_eq!(first + 2, at);
+            }
+            for b in 0..at {
+                let listed = passed.contains(&b);
+                proptest::prop_assert_eq!(listed, b + 2 <= at && b + 2 + look > at, "block {}", b);
+                if listed && to > at && age < fresh {
+                    proptest::prop_assert!(super::behind_stream(b, at, to, age, fresh));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn stream_fresh_examples() {
+        let (fresh, max) = (50, 1000);
+        // Unknown or fast: the floor. Slow: four gaps, up to the cap.
+        assert_eq!(super::stream_fresh_ns(0, fresh, max), 50);
+        assert_eq!(super::stream_fresh_ns(10, fresh, max), 50);
+        assert_eq!(super::stream_fresh_ns(90, fresh, max), 360);
+        assert_eq!(super::stream_fresh_ns(250, fresh, max), 1000);
+        // A pause longer than a quarter of the cap is no pace: the floor.
+        assert_eq!(super::stream_fresh_ns(251, fresh, max), 50);
+        assert_eq!(super::stream_fresh_ns(u64::MAX, fresh, max), 50);
+        // A cap under the floor never undercuts the floor.
+        assert_eq!(super::stream_fresh_ns(2, fresh, 10), 50);
+    }
+
+    #[test]
+    fn passed_blocks_examples() {
+        let v = |at, look| super::passed_blocks(at, look).collect::<std::vec::Vec<_>>();
+        assert_eq!(v(10, 3), [8, 7, 6]);
+        assert_eq!(v(3, 8), [1, 0]);
+        assert!(v(1, 8).is_empty() && v(0, 8).is_empty() && v(10, 0).is_empty());
+        assert_eq!(v(usize::MAX, 1), [usize::MAX - 2]);
+        // Reader at block 10, chain queued up to 12: block 11 is in front, 10 is not.
+        assert!(super::ahead_of_stream(11, 10, 12, 1, 50) && !super::ahead_of_stream(10, 10, 12, 1, 50));
+        // A stale stream, or a chain not ahead of its reader: nothing is in front.
+        assert!(!super::ahead_of_stream(11, 10, 12, 50, 50) && !super::ahead_of_stream(11, 10, 10, 1, 50));
     }
 
     #[test]
