@@ -1327,7 +1327,7 @@ impl Device {
     /// Whether the device's stream in `r` has gone past the block at `block_va`: a chain
     /// reads ahead in `r`, its reader's last fault that asked for read-ahead is still
     /// fresh (came less than [`STREAM_FRESH_NS`] ago, or four of the stream's gaps between
-    /// asks: `Stream::age`), and its block (`Stream::at`) lies at least two blocks further
+    /// blocks: `Stream::age`), and its block (`Stream::at`) lies at least two blocks further
     /// on (the block right behind the reader's may still be read, as a stencil's halo is):
     /// `policy::prefetch::behind_stream`. A device streaming forward reaches such
     /// a block again, if at all, only after every block in front of it. The fields are
