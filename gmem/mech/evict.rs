@@ -542,16 +542,7 @@ fn evict_victims(
     // rounds and 8.3-12.8 ms, while a device fault waited for the lock).
     let room = budget.max(dec.evict.len());
     if dec.evict.len() < room {
-        let mut rest: KVec<(usize, u32)> = KVec::with_capacity(last - first, GFP_KERNEL)?;
-        for j in first..last {
-            let sj = p.state(j);
-            if !bits::test(&seen, j - first) && sj.loc() == Loc::Device(d) && !sj.pinned() {
-                rest.push((j, p.frame(j)), GFP_KERNEL)?;
-            }
-        }
-        fls.clear();
-        fls.extend_with(rest.len(), None, GFP_KERNEL)?;
-        dev.flags_of(rest.iter().map(|x| x.1), Some(limit), &mut fls);
+        let (rest, fls) = owned_pages(dev, &p, |j| bits::test(&seen, j - first), Some(limit))?;
         dec.reserve(rest.len())?;
         let cold = |k: usize| fls.get(k).copied().flatten().filter(|fl| fl & F_REF == 0);
         let hit = touched(dev, ctx, va, (0..rest.len()).filter(|&k| cold(k).is_some()).map(|k| rest[k].0 - first));
@@ -577,6 +568,34 @@ fn evict_victims(
     // held keeps these pages to this batch.
     turn.give_up(idx.len() as u64);
     evict_pages(dev, region, &mut p, &idx, peer).map(Some)
+}
+
+/// Pages of a block with their frames, and the frames' flags ([`owned_pages`]).
+type OwnedPages = (KVec<(usize, u32)>, KVec<Option<u8>>);
+
+/// The pages of block `p` that `dev` holds as owner, not pinned, but for those `skip`
+/// names, each with its frame; and the frames' flags under one acquisition of the pool
+/// lock (`Device::flags_of` with `evictable`: `None` for a frame that eviction may not
+/// take).
+fn owned_pages(
+    dev: &Device,
+    p: &crate::obj::region::Pages,
+    skip: impl Fn(usize) -> bool,
+    evictable: Option<Option<&Limit>>,
+) -> Result<OwnedPages> {
+    let d = dev.id as u8;
+    let r = p.range();
+    let mut pages: KVec<(usize, u32)> = KVec::with_capacity(r.len(), GFP_KERNEL)?;
+    for j in r {
+        let s = p.state(j);
+        if !skip(j) && s.loc() == Loc::Device(d) && !s.pinned() {
+            pages.push((j, p.frame(j)), GFP_KERNEL)?;
+        }
+    }
+    let mut fls = KVec::new();
+    fls.extend_with(pages.len(), None, GFP_KERNEL)?;
+    dev.flags_of(pages.iter().map(|x| x.1), evictable, &mut fls);
+    Ok((pages, fls))
 }
 
 /// Blocks behind the reader that [`evict_behind`] looks at, nearest first.
@@ -634,22 +653,11 @@ fn evict_behind(
             return None;
         }
         let advice = *region.advice.lock();
-        let (first, last) = (p.range().start, p.range().end);
-        let mut cand: KVec<(usize, u32)> = KVec::new();
-        for j in first..last {
-            let s = p.state(j);
-            if s.loc() == Loc::Device(d)
-                && !s.pinned()
-                && adv::preferred(advice.get(j as u64)) != Some(Target::Device(d))
-            {
-                cand.push((j, p.frame(j)), GFP_KERNEL).ok()?;
-            }
-        }
-        // Frames that the device-wide pressure may take: not protected by their cgroup's
-        // `dmem.min` (as for the rest of a victim's block).
-        let mut fls: KVec<Option<u8>> = KVec::new();
-        fls.extend_with(cand.len(), None, GFP_KERNEL).ok()?;
-        dev.flags_of(cand.iter().map(|c| c.1), Some(None), &mut fls);
+        // Pages that do not prefer the device, whose frames the device-wide pressure may
+        // take: not protected by their cgroup's `dmem.min` (as for the rest of a victim's
+        // block).
+        let prefers = |j: usize| adv::preferred(advice.get(j as u64)) == Some(Target::Device(d));
+        let Ok((cand, fls)) = owned_pages(dev, &p, prefers, Some(None)) else { return None };
         let mut idx: KVec<usize> = KVec::with_capacity(cand.len(), GFP_KERNEL).ok()?;
         for (&(j, _), fl) in cand.iter().zip(fls.iter()) {
             if fl.is_some() && idx.len() < budget {
