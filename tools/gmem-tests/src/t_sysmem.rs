@@ -367,6 +367,15 @@ fn sysmem_device_access_races_munmap() -> TestResult {
 /// QUERY on ordinary memory: never touched, on the host (CPU-mapped), mapped remotely by
 /// a device; nothing faulted in by asking; a range running into unmapped space, or an
 /// unmapped address, is ENOENT.
+/// This process's `mirror_invalidations` (debugfs `spaces`): MMU-notifier invalidations
+/// that unmapped device entries of its ordinary memory.
+fn mirror_invalidations() -> Result<u64, String> {
+    let pid = std::process::id() as i32;
+    let spaces = libgmem::debugfs::spaces().map_err(|e| e.to_string())?;
+    let me = spaces.iter().find(|s| s.pid == pid).ok_or(format!("no space of pid {pid} in debugfs"))?;
+    me.fields.get("mirror_invalidations").copied().ok_or("no mirror_invalidations in debugfs".to_string())
+}
+
 fn sysmem_query_reports_residency() -> TestResult {
     use libgmem::{GMEM_LOC_HOST, GMEM_LOC_NONE, GMEM_Q_CPU_MAPPED};
     let (g, s) = open()?;
@@ -375,12 +384,17 @@ fn sysmem_query_reports_residency() -> TestResult {
     let want =
         [host | GMEM_Q_REMOTE, GMEM_LOC_NONE, GMEM_LOC_NONE, host | GMEM_Q_REMOTE, host | GMEM_Q_REMOTE, 0, 0, 0];
     // Fault-around is best effort: a page the kernel migrates meanwhile (compaction) is
-    // skipped while its migration entry is in place, and unmapped from the device when it
-    // moves. A miss is retried only if the kernel migrated pages meanwhile.
+    // skipped while its migration entry is in place, and unmapped from the device when its
+    // migration unmaps it, whether that then succeeds or fails (the CPU entry comes back).
+    // A miss is retried only if the kernel migrated pages or tried to, or an invalidation
+    // unmapped device entries of this process, meanwhile.
+    let moves = || -> Result<u64, String> {
+        Ok(vmstat("pgmigrate_success")? + vmstat("pgmigrate_fail")? + mirror_invalidations()?)
+    };
     let mut attempt = 0;
     let m = loop {
         attempt += 1;
-        let migrated = vmstat("pgmigrate_success")?;
+        let moved = moves()?;
         let m = Anon::new(8 * PAGE, libc::PROT_READ | libc::PROT_WRITE)?;
         // Page by page: no large folio populates neighbours of a faulted page.
         // SAFETY: our own mapping.
@@ -398,10 +412,10 @@ fn sysmem_query_reports_residency() -> TestResult {
         if q == want {
             break m;
         }
-        let migrated = vmstat("pgmigrate_success")?.saturating_sub(migrated);
+        let moved = moves()?.saturating_sub(moved);
         ensure!(
-            migrated != 0 && attempt < 3,
-            "residency {q:x?}, expected {want:x?} ({migrated} pages migrated meanwhile, attempt {attempt})"
+            moved != 0 && attempt < 3,
+            "residency {q:x?}, expected {want:x?} ({moved} migrations, failed ones and invalidations meanwhile, attempt {attempt})"
         );
     };
     // From an unaligned address inside page 3, two pages.
