@@ -602,8 +602,8 @@ fn owned_pages(
 const BEHIND_LOOK: usize = 8;
 
 /// In place of the hand's victims `seeds` (frames of one block of one region), when that
-/// block lies in front of the reader of the device's live stream in the region
-/// (`Device::reader_before`) and prefetch pays on the device: the pages on `dev` of the
+/// block lies in front of the reader of the device's live stream in the region, a reader
+/// last moving up (`Device::reader_before`), and prefetch pays on the device: the pages on `dev` of the
 /// nearest block the stream has gone past (`policy::prefetch::passed_blocks`), at most
 /// `budget` of them, go as one batch. The stream reaches the hand's victims before it comes
 /// back, if ever, to a block behind it. (The hand alone, in P4's 2x stream, evicted the

@@ -277,10 +277,16 @@ fn start_chain(dev: &Arc<Device>, r: &Arc<Region>, block_va: usize, resume: bool
     // The stream's pace: from its last ask in one block to its first in the next (several
     // asks in one block keep it); none for a stream new to this place. Racing asks may
     // store either's.
+    // And its heading: whether that move went down (the eviction verdicts assume an upward
+    // reader, `Device::behind_reader`; the fault set it already, `Device::note_fault`,
+    // unless the stream is new here). Stored after `at`, without ordering: an evictor may
+    // see the new block with the old heading, a hint wrong for one batch at worst.
     if !same || before == 0 {
         st.gap_ns.store(0, Relaxed);
+        st.down.store(false, Relaxed);
     } else if was_at != block_va {
         st.gap_ns.store(now.saturating_sub(before), Relaxed);
+        st.down.store(block_va < was_at, Relaxed);
     }
     // Pairs with the fence in `give_back` (see there), and with the one in
     // `Device::forget_stream`: either the region's teardown sees it named here and forgets

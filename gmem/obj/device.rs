@@ -359,8 +359,28 @@ pub(crate) struct Stream {
     /// same region (0: none such yet): the stream's pace, which sets how long it stays
     /// live (`Stream::age`).
     pub(crate) gap_ns: AtomicU64,
+    /// Whether the reader's last move from one block to another, in the same region, went
+    /// to a lower block (false for a stream new to this place): the eviction verdicts
+    /// assume an upward reader and give none for a downward one
+    /// (`policy::prefetch::behind_stream`).
+    pub(crate) down: AtomicBool,
     /// The start address of the region `of` (debugfs only).
     pub(crate) va: AtomicUsize,
+}
+
+/// A stream as its eviction verdicts see it, for one block (`Device::stream_view`):
+/// block numbers are addresses / 2 MiB.
+struct StreamView {
+    /// The block judged.
+    block: usize,
+    /// The reader's block (`Stream::at`) and its chain's front (`Stream::ahead_to`).
+    at: usize,
+    to: usize,
+    /// How long ago the reader last asked, and how long the stream stays live (`Stream::age`).
+    age_ns: u64,
+    fresh_ns: u64,
+    /// The reader's last move between blocks went down (`Stream::down`).
+    down: bool,
 }
 
 impl Stream {
@@ -379,6 +399,7 @@ impl Stream {
             of: AtomicUsize::new(0),
             asked_ns: AtomicU64::new(0),
             gap_ns: AtomicU64::new(0),
+            down: AtomicBool::new(false),
             va: AtomicUsize::new(0),
         }
     }
@@ -1299,6 +1320,20 @@ impl Device {
         self.streams.iter().find(|s| s.of.load(Ordering::Relaxed) == id)
     }
 
+    /// The device faults in the block at `block_va` of `r`: if it follows a stream there
+    /// and the block is not its reader's, the stream's heading becomes the fault's
+    /// (`Stream::down`) before the fault makes its room, so that its own evictions judge
+    /// by it. The reader's block moves only when a fault asks for read-ahead
+    /// (`readahead::start_chain`, which sets the heading too).
+    pub(crate) fn note_fault(&self, r: &Arc<Region>, block_va: usize) {
+        if let Some(s) = self.stream_in(r) {
+            let at = s.at.load(Ordering::Relaxed);
+            if at != block_va {
+                s.down.store(block_va < at, Ordering::Relaxed);
+            }
+        }
+    }
+
     /// The stream a fault in `r` asks read-ahead of: the one in `r`, else a free one, else
     /// the one whose reader asked longest ago (`policy::prefetch::pick_stream`). Read
     /// without a lock: two faults in a new region at once may take two streams, or one
@@ -1314,13 +1349,14 @@ impl Device {
 
     /// Whether the block at `block_va` of `r` lies in the read-ahead window of the device's
     /// stream in `r`: between the block its reader last read in (`Stream::at`) and its
-    /// chain's front (`Stream::ahead_to`), a window of at most `max_frames` pages. Read
-    /// ahead and about to be used.
+    /// chain's front (`Stream::ahead_to`), a window of at most `max_frames` pages, while
+    /// the reader's last move went up (`Stream::down`). Read ahead and about to be used;
+    /// above a reader moving down lies what it has read.
     pub(crate) fn ahead_of_reader(&self, r: &Arc<Region>, block_va: usize, max_frames: u64) -> bool {
         self.stream_in(r).is_some_and(|s| {
             let (at, to) = (s.at.load(Ordering::Relaxed), s.ahead_to.load(Ordering::Relaxed));
             let pages = (to.saturating_sub(at) / BLOCK_BYTES).saturating_mul(BLOCK_PAGES);
-            (at..to).contains(&block_va) && pages as u64 <= max_frames
+            !s.down.load(Ordering::Relaxed) && (at..to).contains(&block_va) && pages as u64 <= max_frames
         })
     }
 
@@ -1328,28 +1364,40 @@ impl Device {
     /// reads ahead in `r`, its reader's last fault that asked for read-ahead is still
     /// fresh (came less than [`STREAM_FRESH_NS`] ago, or four of the stream's gaps between
     /// blocks: `Stream::age`), and its block (`Stream::at`) lies at least two blocks further
-    /// on (the block right behind the reader's may still be read, as a stencil's halo is):
-    /// `policy::prefetch::behind_stream`. A device streaming forward reaches such
-    /// a block again, if at all, only after every block in front of it. The fields are
-    /// read one by one without a lock (a fault may move them meanwhile, even to another
-    /// region): the answer is a policy hint, wrong at worst for one eviction batch.
+    /// on (the block right behind the reader's may still be read, as a stencil's halo is),
+    /// and the reader's last move between blocks went up (`Stream::down`):
+    /// `policy::prefetch::behind_stream`. A device streaming upwards reaches such a block
+    /// again, if at all, only after every block in front of it. The fields are read one by
+    /// one without a lock (a fault may move them meanwhile, even to another region; the
+    /// heading is stored after the reader's block): the answer is a policy hint, wrong at
+    /// worst for one eviction batch.
     pub(crate) fn behind_reader(&self, r: &Arc<Region>, block_va: usize) -> bool {
-        self.stream_in(r).is_some_and(|s| {
-            let (at, to) = (s.at.load(Ordering::Relaxed), s.ahead_to.load(Ordering::Relaxed));
-            let (age, fresh) = s.age();
-            behind_stream(block_va / BLOCK_BYTES, at / BLOCK_BYTES, to / BLOCK_BYTES, age, fresh)
-        })
+        self.stream_view(r, block_va).is_some_and(|v| behind_stream(v.block, v.at, v.to, v.age_ns, v.fresh_ns, v.down))
     }
 
     /// The block (2 MiB-aligned address) of the reader of the device's stream in `r`, if
-    /// the block at `block_va` lies in front of it and the stream is live
-    /// (`policy::prefetch::ahead_of_stream`, on the same fields and with the same caveat
-    /// as [`Device::behind_reader`]).
+    /// the block at `block_va` lies in front of it, the stream is live and its reader last
+    /// moved up (`policy::prefetch::ahead_of_stream`, on the same fields and with the same
+    /// caveat as [`Device::behind_reader`]).
     pub(crate) fn reader_before(&self, r: &Arc<Region>, block_va: usize) -> Option<usize> {
+        let v = self.stream_view(r, block_va)?;
+        ahead_of_stream(v.block, v.at, v.to, v.age_ns, v.fresh_ns, v.down).then(|| v.at.saturating_mul(BLOCK_BYTES))
+    }
+
+    /// The device's stream in `r`, if it has one, as its verdicts on the block at
+    /// `block_va` see it.
+    fn stream_view(&self, r: &Arc<Region>, block_va: usize) -> Option<StreamView> {
         let s = self.stream_in(r)?;
         let (at, to) = (s.at.load(Ordering::Relaxed), s.ahead_to.load(Ordering::Relaxed));
-        let (age, fresh) = s.age();
-        ahead_of_stream(block_va / BLOCK_BYTES, at / BLOCK_BYTES, to / BLOCK_BYTES, age, fresh).then_some(at)
+        let (age_ns, fresh_ns) = s.age();
+        Some(StreamView {
+            block: block_va / BLOCK_BYTES,
+            at: at / BLOCK_BYTES,
+            to: to / BLOCK_BYTES,
+            age_ns,
+            fresh_ns,
+            down: s.down.load(Ordering::Relaxed),
+        })
     }
 
     /// `r` is being torn down: no stream the device follows is in it any more. (A later

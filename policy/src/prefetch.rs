@@ -179,12 +179,15 @@ pub fn chain_start(from: usize, at: usize, to: Option<usize>, depth: usize, max_
 /// Whether a device's stream has gone past block `block` (blocks numbered by address /
 /// 2 MiB, as for [`chain_start`]): its reader's last fault that asked for read-ahead was
 /// at block `at`, `age_ns` ago, and its chain has queued blocks up to `to` (one past the
-/// last). Gone past: the block lies at least two blocks before the reader's (the block
-/// right behind it may still be read, as a stencil's halo is), the chain has run ahead of
-/// the reader, and the ask is younger than `fresh_ns` (a stream that stopped asking has
-/// ended or moved on). Never true of a block in the read-ahead window `[at, to)`.
-pub fn behind_stream(block: usize, at: usize, to: usize, age_ns: u64, fresh_ns: u64) -> bool {
-    to > at && age_ns < fresh_ns && block.checked_add(2).is_some_and(|e| e <= at)
+/// last); `down`: the reader's last move from one block to another went to a lower block.
+/// Gone past: the block lies at least two blocks before the reader's (the block right
+/// behind it may still be read, as a stencil's halo is), the chain has run ahead of the
+/// reader, and the ask is younger than `fresh_ns` (a stream that stopped asking has ended
+/// or moved on). Never true of a block in the read-ahead window `[at, to)`, nor for a
+/// reader moving down: read-ahead follows upward readers, and below a downward reader
+/// lies what it reads next, not what it has read.
+pub fn behind_stream(block: usize, at: usize, to: usize, age_ns: u64, fresh_ns: u64, down: bool) -> bool {
+    !down && to > at && age_ns < fresh_ns && block.checked_add(2).is_some_and(|e| e <= at)
 }
 
 /// How long a stream stays live after its reader's last ask for read-ahead, given the
@@ -202,10 +205,12 @@ pub fn stream_fresh_ns(gap_ns: u64, fresh_ns: u64, max_ns: u64) -> u64 {
 
 /// Whether block `block` lies in front of a device's live stream (as for
 /// [`behind_stream`]: its reader at block `at`, its chain queued up to `to`, its last ask
-/// `age_ns` ago): after the reader's block, while the stream is fresh and its chain ahead.
-/// The stream reaches such a block before it comes back, if ever, to one it has gone past.
-pub fn ahead_of_stream(block: usize, at: usize, to: usize, age_ns: u64, fresh_ns: u64) -> bool {
-    to > at && age_ns < fresh_ns && block > at
+/// `age_ns` ago, `down` if its last move went down): after the reader's block, while the
+/// stream is fresh and its chain ahead, and never for a reader moving down (as for
+/// [`behind_stream`]). The stream reaches such a block before it comes back, if ever, to
+/// one it has gone past.
+pub fn ahead_of_stream(block: usize, at: usize, to: usize, age_ns: u64, fresh_ns: u64, down: bool) -> bool {
+    !down && to > at && age_ns < fresh_ns && block > at
 }
 
 /// The blocks a stream whose reader is at block `at` has gone past, nearest first, at most
@@ -605,7 +610,7 @@ mod tests {
         fn behind_the_stream_is_never_near_or_ahead_of_the_reader(
             block in 0usize..64, at in 0usize..64, to in 0usize..64, age in 0u64..200, fresh in 0u64..200
         ) {
-            let behind = super::behind_stream(block, at, to, age, fresh);
+            let behind = super::behind_stream(block, at, to, age, fresh, false);
             if behind {
                 proptest::prop_assert!(block + 2 <= at && to > at && age < fresh);
                 proptest::prop_assert!(!(at..to).contains(&block));
@@ -622,11 +627,11 @@ mod tests {
         #[test]
         fn passed_blocks_lie_behind_and_ahead_lies_in_front(
             block in 0usize..64, at in 0usize..64, to in 0usize..64, age in 0u64..200, fresh in 0u64..200,
-            look in 0usize..16
+            look in 0usize..16, down in proptest::bool::ANY
         ) {
-            let ahead = super::ahead_of_stream(block, at, to, age, fresh);
-            proptest::prop_assert_eq!(ahead, block > at && to > at && age < fresh);
-            proptest::prop_assert!(!(ahead && super::behind_stream(block, at, to, age, fresh)));
+            let ahead = super::ahead_of_stream(block, at, to, age, fresh, down);
+            proptest::prop_assert_eq!(ahead, !down && block > at && to > at && age < fresh);
+            proptest::prop_assert!(!(ahead && super::behind_stream(block, at, to, age, fresh, down)));
             let passed: std::vec::Vec<usize> = super::passed_blocks(at, look).collect();
             proptest::prop_assert!(passed.len() <= look);
             proptest::prop_assert!(passed.windows(2).all(|w| w[0] == w[1] + 1));
@@ -637,9 +642,21 @@ mod tests {
                 let listed = passed.contains(&b);
                 proptest::prop_assert_eq!(listed, b + 2 <= at && b + 2 + look > at, "block {}", b);
                 if listed && to > at && age < fresh {
-                    proptest::prop_assert!(super::behind_stream(b, at, to, age, fresh));
+                    proptest::prop_assert!(super::behind_stream(b, at, to, age, fresh, false));
                 }
             }
+        }
+    }
+
+    proptest::proptest! {
+        /// A reader moving down has no block behind it and none in front of it: whatever
+        /// else holds, both verdicts are no.
+        #[test]
+        fn a_downward_reader_gets_no_verdict(
+            block in 0usize..64, at in 0usize..64, to in 0usize..64, age in 0u64..200, fresh in 0u64..200
+        ) {
+            proptest::prop_assert!(!super::behind_stream(block, at, to, age, fresh, true));
+            proptest::prop_assert!(!super::ahead_of_stream(block, at, to, age, fresh, true));
         }
     }
 
@@ -666,9 +683,11 @@ mod tests {
         assert!(v(1, 8).is_empty() && v(0, 8).is_empty() && v(10, 0).is_empty());
         assert_eq!(v(usize::MAX, 1), [usize::MAX - 2]);
         // Reader at block 10, chain queued up to 12: block 11 is in front, 10 is not.
-        assert!(super::ahead_of_stream(11, 10, 12, 1, 50) && !super::ahead_of_stream(10, 10, 12, 1, 50));
+        assert!(super::ahead_of_stream(11, 10, 12, 1, 50, false) && !super::ahead_of_stream(10, 10, 12, 1, 50, false));
         // A stale stream, or a chain not ahead of its reader: nothing is in front.
-        assert!(!super::ahead_of_stream(11, 10, 12, 50, 50) && !super::ahead_of_stream(11, 10, 10, 1, 50));
+        assert!(
+            !super::ahead_of_stream(11, 10, 12, 50, 50, false) && !super::ahead_of_stream(11, 10, 10, 1, 50, false)
+        );
     }
 
     #[test]
@@ -686,18 +705,21 @@ mod tests {
     fn behind_the_stream_examples() {
         // Reader at block 10, chain queued up to 12, asked 1 ms ago, fresh for 50 ms.
         let (at, to, age, fresh) = (10, 12, 1_000_000, 50_000_000);
-        assert!(super::behind_stream(0, at, to, age, fresh));
-        assert!(super::behind_stream(8, at, to, age, fresh));
+        assert!(super::behind_stream(0, at, to, age, fresh, false));
+        assert!(super::behind_stream(8, at, to, age, fresh, false));
         // The block right behind the reader's, the reader's own and those read ahead: no.
         for b in 9..14 {
-            assert!(!super::behind_stream(b, at, to, age, fresh), "block {b}");
+            assert!(!super::behind_stream(b, at, to, age, fresh, false), "block {b}");
         }
         // A stale stream, or a chain that has not run ahead of the reader: nothing is behind.
-        assert!(!super::behind_stream(0, at, to, fresh, fresh));
-        assert!(!super::behind_stream(0, at, at, age, fresh));
+        assert!(!super::behind_stream(0, at, to, fresh, fresh, false));
+        assert!(!super::behind_stream(0, at, at, age, fresh, false));
+        // A reader whose last move went down: the same blocks are not behind it.
+        assert!(!super::behind_stream(0, at, to, age, fresh, true));
+        assert!(!super::behind_stream(8, at, to, age, fresh, true));
         // No block lies two before block 0 or 1; the largest block number does not wrap.
-        assert!(!super::behind_stream(0, 1, 5, age, fresh));
-        assert!(!super::behind_stream(usize::MAX, usize::MAX - 1, usize::MAX, age, fresh));
+        assert!(!super::behind_stream(0, 1, 5, age, fresh, false));
+        assert!(!super::behind_stream(usize::MAX, usize::MAX - 1, usize::MAX, age, fresh, false));
     }
 
     use super::*;

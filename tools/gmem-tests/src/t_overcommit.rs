@@ -503,6 +503,70 @@ fn stream_keeps_what_it_reads_next() -> TestResult {
     res
 }
 
+/// A device reading downwards, block by block, keeps the blocks below it, which it reads
+/// next: the eviction verdicts made for upward streams (evict the blocks a stream has gone
+/// past, below its reader, first) must not apply to it. The device fills and reads a
+/// region W of a quarter of its size (prefetch pays on it then), then reads block 0 of a
+/// CPU-written region R twice its size (read-ahead fetches 1 and 2), then block 10
+/// (read-ahead fetches 11 and 12, which are never read; the device is full), then, going
+/// down, blocks 9 and 8. No page may go as behind the stream (`evicted.behind`) while it
+/// does: before the stream's heading was kept, blocks 11 and 12 in front of the reader
+/// made eviction take the blocks below it instead, as if the stream had gone past them
+/// (640 pages in two runs). (Only `evict_behind` is tested here; the other
+/// verdict, `Verdict::Passed`, is host-tested: W's own stream may still pass its pages.)
+fn downward_reader_keeps_what_it_reads_next() -> TestResult {
+    const BLOCK: u64 = 2 << 20;
+    let (g, s) = open()?;
+    let cap = capacity(&s)?;
+    control("peer=0")?;
+    let res = (|| -> TestResult {
+        let warm = ok!(g.alloc(cap / 4));
+        ok!(s.fill(warm.addr, warm.len as u64, 43));
+        ok!(s.checksum(warm.addr, warm.len as u64));
+        let acc = counter(0, "prefetch.accuracy_pct")?;
+        ensure!(acc >= 50, "prefetch accuracy {acc} % after a stream that fits the device");
+        // One block more, so that twice the device's blocks fit whole from R's first
+        // block boundary on.
+        let r = ok!(g.alloc(2 * cap + BLOCK));
+        let a = r.addr.next_multiple_of(BLOCK);
+        let first = ((a - r.addr) / 4) as usize;
+        let per = (BLOCK / 4) as usize;
+        let w = words(&r);
+        for (i, v) in w.iter_mut().enumerate() {
+            *v = (i as u32).wrapping_mul(2654435761);
+        }
+        // What each one-block read of R must see, computed now: a CPU read later would
+        // bring pages home.
+        let reads: Vec<(u64, u64)> = [0u64, 10, 9, 8]
+            .into_iter()
+            .map(|k| (k, checksum(&w[first + k as usize * per..first + (k + 1) as usize * per])))
+            .collect();
+        let read = |&(k, want): &(u64, u64)| -> TestResult {
+            let o = ok!(s.checksum(a + k * BLOCK, BLOCK));
+            ensure!(o.result == want, "block {k}: device read wrong");
+            Ok(())
+        };
+        reads[..2].iter().try_for_each(read)?;
+        let (h0, b0) = (counter(0, "migrated.h2d")?, counter(0, "evicted.behind")?);
+        let e0 = evicted(0)?;
+        reads[2..].iter().try_for_each(read)?;
+        let fetched = counter(0, "migrated.h2d")?.saturating_sub(h0);
+        let behind = counter(0, "evicted.behind")?.saturating_sub(b0);
+        let out = evicted(0)?.saturating_sub(e0);
+        let q = ok!(g.query(a, 3 * 512));
+        let kept = q.iter().filter(|&&v| q_loc(v) == GMEM_LOC_DEVICE).count();
+        println!(
+            "GMEM-INFO downward_reader_keeps_what_it_reads_next: blocks 9 and 8 fetched {fetched} pages and evicted {out}, {behind} behind a stream; {kept} of blocks 0-2's 1536 pages still on the device"
+        );
+        ensure!(out > 0, "nothing was evicted while the device read downwards: the test proves nothing");
+        // (Which frames the hand takes instead is its own order, not this test's.)
+        ensure!(behind == 0, "{behind} pages evicted as behind a stream that runs downwards");
+        Ok(())
+    })();
+    control("peer=1")?;
+    res
+}
+
 /// Eviction batches of one device copy at once: a pass gives `evict_lock` up while its
 /// batch is on the link, so the next pass (a read-ahead lane's, the background worker's,
 /// a fault's) chooses its victims meanwhile; a fault that finds the device full while
@@ -833,6 +897,7 @@ pub fn tests() -> Vec<Test> {
         Test { name: "stream_is_pre_evicted_ahead_of_the_device", f: stream_is_pre_evicted_ahead_of_the_device },
         Test { name: "stream_leaves_no_second_chance_behind", f: stream_leaves_no_second_chance_behind },
         Test { name: "stream_keeps_what_it_reads_next", f: stream_keeps_what_it_reads_next },
+        Test { name: "downward_reader_keeps_what_it_reads_next", f: downward_reader_keeps_what_it_reads_next },
         Test { name: "eviction_batches_copy_at_once", f: eviction_batches_copy_at_once },
         Test { name: "fragmented_pool_still_allocates", f: fragmented_pool_still_allocates },
         Test { name: "eviction_races_free_munmap_and_exit", f: eviction_races_free_munmap_and_exit },
