@@ -266,8 +266,6 @@ pub(crate) fn device_fault(dev: &Arc<Device>, space: &Space, addrs: &[u64], writ
                     (r, v)
                 }
             };
-            // The stream's heading, before this block's room is made (`Device::note_fault`).
-            dev.note_fault(&r, block_base(a0));
             // The pages of this block that lie in region `r`.
             idx.clear();
             let mut taken = 0;

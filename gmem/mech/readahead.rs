@@ -12,7 +12,9 @@
 //!   that batch's copies are on the link (`Env::started`), so that the next block's
 //!   copies follow them without a gap and never go in front of them. A fault over
 //!   several blocks asks for its last block only (or, if only an earlier one qualified,
-//!   once it has fetched them all).
+//!   once it has fetched them all). Never for a reader taken to move down (two moves
+//!   down in a row between the blocks it asked in, `Stream::downs`): it has read the
+//!   blocks after its own.
 //! - One chain per stream, in stream order: the next block of the same region is queued
 //!   on gmem's workqueue, and its worker, once *its* copies are started, hands on to the
 //!   block after it (`hand_on`: the stream's token, `Stream::token`, passes with it). So
@@ -74,7 +76,7 @@ use crate::obj::region::{Pages, Region, AHEAD_LANES, BLOCK_BYTES, BLOCK_PAGES};
 use crate::obj::space::Space;
 use crate::obj::{tune, wq};
 use crate::policy::page_state::{transition, Event, Loc, Target};
-use crate::policy::prefetch::{chain_next, chain_start, lane_next};
+use crate::policy::prefetch::{chain_next, chain_start, downs_after, lane_next, DOWN_MOVES};
 use core::sync::atomic::{
     fence, AtomicBool,
     Ordering::{Acquire, Relaxed, Release, SeqCst},
@@ -277,16 +279,16 @@ fn start_chain(dev: &Arc<Device>, r: &Arc<Region>, block_va: usize, resume: bool
     // The stream's pace: from its last ask in one block to its first in the next (several
     // asks in one block keep it); none for a stream new to this place. Racing asks may
     // store either's.
-    // And its heading: whether that move went down (the eviction verdicts assume an upward
-    // reader, `Device::behind_reader`; the fault set it already, `Device::note_fault`,
-    // unless the stream is new here). Stored after `at`, without ordering: an evictor may
-    // see the new block with the old heading, a hint wrong for one batch at worst.
+    // And its heading: the moves down in a row (the eviction verdicts assume an upward
+    // reader, `Device::behind_reader`). Stored after `at`, without ordering, and racing
+    // asks may count a move twice or not at all: an evictor may see a heading a move
+    // late, a hint wrong for a few batches at worst.
     if !same || before == 0 {
         st.gap_ns.store(0, Relaxed);
-        st.down.store(false, Relaxed);
+        st.downs.store(0, Relaxed);
     } else if was_at != block_va {
         st.gap_ns.store(now.saturating_sub(before), Relaxed);
-        st.down.store(block_va < was_at, Relaxed);
+        st.downs.store(downs_after(st.downs.load(Relaxed), was_at, block_va), Relaxed);
     }
     // Pairs with the fence in `give_back` (see there), and with the one in
     // `Device::forget_stream`: either the region's teardown sees it named here and forgets
@@ -294,6 +296,12 @@ fn start_chain(dev: &Arc<Device>, r: &Arc<Region>, block_va: usize, resume: bool
     fence(SeqCst);
     if r.is_dead() {
         dev.forget_stream(r);
+        return;
+    }
+    // A reader taken to move down reads next what lies below it, and read-ahead queues
+    // upwards only, where it has been: no chain for it (one already running stops at its
+    // next hand-on, past its depth from the reader).
+    if st.downs.load(Relaxed) >= DOWN_MOVES {
         return;
     }
     if st.token.compare_exchange(false, true, Acquire, Relaxed).is_err() {

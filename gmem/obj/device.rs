@@ -27,7 +27,7 @@ use crate::policy::bits::{self, BlockBits};
 use crate::policy::evict::{self as order, Clock, F_CLEAN, F_LENT, F_PINNED, F_REF, F_USED};
 use crate::policy::frames::{FrameMap, CHUNK_FRAMES};
 use crate::policy::paths;
-use crate::policy::prefetch::{ahead_of_stream, behind_stream, pick_stream, stream_fresh_ns, Accuracy};
+use crate::policy::prefetch::{ahead_of_stream, behind_stream, pick_stream, stream_fresh_ns, Accuracy, DOWN_MOVES};
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use kernel::{
     bindings,
@@ -359,11 +359,11 @@ pub(crate) struct Stream {
     /// same region (0: none such yet): the stream's pace, which sets how long it stays
     /// live (`Stream::age`).
     pub(crate) gap_ns: AtomicU64,
-    /// Whether the reader's last move from one block to another, in the same region, went
-    /// to a lower block (false for a stream new to this place): the eviction verdicts
-    /// assume an upward reader and give none for a downward one
-    /// (`policy::prefetch::behind_stream`).
-    pub(crate) down: AtomicBool,
+    /// The reader's moves from one block to another in the same region that went down, in
+    /// a row (0 for a stream new to this place: `policy::prefetch::downs_after`). From
+    /// `DOWN_MOVES` on, the reader is taken to move down, and the eviction verdicts, which
+    /// assume an upward reader, give none (`policy::prefetch::behind_stream`).
+    pub(crate) downs: AtomicU32,
     /// The start address of the region `of` (debugfs only).
     pub(crate) va: AtomicUsize,
 }
@@ -379,7 +379,7 @@ struct StreamView {
     /// How long ago the reader last asked, and how long the stream stays live (`Stream::age`).
     age_ns: u64,
     fresh_ns: u64,
-    /// The reader's last move between blocks went down (`Stream::down`).
+    /// The reader's last move between blocks went down (`Stream::downs`).
     down: bool,
 }
 
@@ -391,6 +391,11 @@ impl Stream {
         (age, stream_fresh_ns(self.gap_ns.load(Ordering::Relaxed), STREAM_FRESH_NS, STREAM_FRESH_MAX_NS))
     }
 
+    /// Whether the reader is taken to be moving down: `DOWN_MOVES` moves down in a row.
+    fn moving_down(&self) -> bool {
+        self.downs.load(Ordering::Relaxed) >= DOWN_MOVES
+    }
+
     const fn new() -> Stream {
         Stream {
             token: AtomicBool::new(false),
@@ -399,7 +404,7 @@ impl Stream {
             of: AtomicUsize::new(0),
             asked_ns: AtomicU64::new(0),
             gap_ns: AtomicU64::new(0),
-            down: AtomicBool::new(false),
+            downs: AtomicU32::new(0),
             va: AtomicUsize::new(0),
         }
     }
@@ -1320,20 +1325,6 @@ impl Device {
         self.streams.iter().find(|s| s.of.load(Ordering::Relaxed) == id)
     }
 
-    /// The device faults in the block at `block_va` of `r`: if it follows a stream there
-    /// and the block is not its reader's, the stream's heading becomes the fault's
-    /// (`Stream::down`) before the fault makes its room, so that its own evictions judge
-    /// by it. The reader's block moves only when a fault asks for read-ahead
-    /// (`readahead::start_chain`, which sets the heading too).
-    pub(crate) fn note_fault(&self, r: &Arc<Region>, block_va: usize) {
-        if let Some(s) = self.stream_in(r) {
-            let at = s.at.load(Ordering::Relaxed);
-            if at != block_va {
-                s.down.store(block_va < at, Ordering::Relaxed);
-            }
-        }
-    }
-
     /// The stream a fault in `r` asks read-ahead of: the one in `r`, else a free one, else
     /// the one whose reader asked longest ago (`policy::prefetch::pick_stream`). Read
     /// without a lock: two faults in a new region at once may take two streams, or one
@@ -1350,13 +1341,13 @@ impl Device {
     /// Whether the block at `block_va` of `r` lies in the read-ahead window of the device's
     /// stream in `r`: between the block its reader last read in (`Stream::at`) and its
     /// chain's front (`Stream::ahead_to`), a window of at most `max_frames` pages, while
-    /// the reader's last move went up (`Stream::down`). Read ahead and about to be used;
+    /// the reader's last move went up (`Stream::downs`). Read ahead and about to be used;
     /// above a reader moving down lies what it has read.
     pub(crate) fn ahead_of_reader(&self, r: &Arc<Region>, block_va: usize, max_frames: u64) -> bool {
         self.stream_in(r).is_some_and(|s| {
             let (at, to) = (s.at.load(Ordering::Relaxed), s.ahead_to.load(Ordering::Relaxed));
             let pages = (to.saturating_sub(at) / BLOCK_BYTES).saturating_mul(BLOCK_PAGES);
-            !s.down.load(Ordering::Relaxed) && (at..to).contains(&block_va) && pages as u64 <= max_frames
+            !s.moving_down() && (at..to).contains(&block_va) && pages as u64 <= max_frames
         })
     }
 
@@ -1365,7 +1356,7 @@ impl Device {
     /// fresh (came less than [`STREAM_FRESH_NS`] ago, or four of the stream's gaps between
     /// blocks: `Stream::age`), and its block (`Stream::at`) lies at least two blocks further
     /// on (the block right behind the reader's may still be read, as a stencil's halo is),
-    /// and the reader's last move between blocks went up (`Stream::down`):
+    /// and the reader's last move between blocks went up (`Stream::downs`):
     /// `policy::prefetch::behind_stream`. A device streaming upwards reaches such a block
     /// again, if at all, only after every block in front of it. The fields are read one by
     /// one without a lock (a fault may move them meanwhile, even to another region; the
@@ -1396,7 +1387,7 @@ impl Device {
             to: to / BLOCK_BYTES,
             age_ns,
             fresh_ns,
-            down: s.down.load(Ordering::Relaxed),
+            down: s.moving_down(),
         })
     }
 

@@ -190,6 +190,21 @@ pub fn behind_stream(block: usize, at: usize, to: usize, age_ns: u64, fresh_ns: 
     !down && to > at && age_ns < fresh_ns && block.checked_add(2).is_some_and(|e| e <= at)
 }
 
+/// Moves down in a row after which a stream's reader is taken to be moving down (the
+/// `down` of [`behind_stream`] and [`ahead_of_stream`]): one alone is as likely an upward
+/// stream's halo, a lagging thread's fault or a racing ask.
+pub const DOWN_MOVES: u32 = 2;
+
+/// A stream's count of moves down in a row once its reader moved from block `from` to
+/// another block `to`: one more after a move down (saturating), none after a move up.
+pub fn downs_after(downs: u32, from: usize, to: usize) -> u32 {
+    if to < from {
+        downs.saturating_add(1)
+    } else {
+        0
+    }
+}
+
 /// How long a stream stays live after its reader's last ask for read-ahead, given the
 /// time `gap_ns` between its asks in its last two blocks (0: not known): `fresh_ns`, or
 /// four of its gaps for a stream that asks more slowly (a device computing long on each
@@ -658,6 +673,26 @@ mod tests {
             proptest::prop_assert!(!super::behind_stream(block, at, to, age, fresh, true));
             proptest::prop_assert!(!super::ahead_of_stream(block, at, to, age, fresh, true));
         }
+    }
+
+    #[test]
+    fn downs_examples() {
+        use super::{downs_after, DOWN_MOVES};
+        // An upward stream with one block read behind (a halo, a lagging thread): never
+        // taken for a downward one.
+        let mut d = 0;
+        for (from, to) in [(4, 5), (5, 4), (4, 6), (6, 5), (5, 7)] {
+            d = downs_after(d, from, to);
+            assert!(d < DOWN_MOVES, "{from} -> {to}");
+        }
+        // A downward sweep: from its second move down on.
+        let d1 = downs_after(0, 10, 9);
+        assert!(d1 < DOWN_MOVES);
+        let d2 = downs_after(d1, 9, 8);
+        assert!(d2 >= DOWN_MOVES && downs_after(d2, 8, 7) >= DOWN_MOVES);
+        // One move up ends it; the count saturates.
+        assert_eq!(downs_after(d2, 8, 12), 0);
+        assert_eq!(downs_after(u32::MAX, 1, 0), u32::MAX);
     }
 
     #[test]
