@@ -603,12 +603,13 @@ const BEHIND_LOOK: usize = 8;
 
 /// In place of the hand's victims `seeds` (frames of one block of one region), when that
 /// block lies in front of the reader of the device's live stream in the region, a reader
-/// last moving up (`Device::reader_before`), and prefetch pays on the device: the pages on `dev` of the
-/// nearest block the stream has gone past (`policy::prefetch::passed_blocks`), at most
-/// `budget` of them, go as one batch. The stream reaches the hand's victims before it comes
-/// back, if ever, to a block behind it. (The hand alone, in P4's 2x stream, evicted the
-/// half that the checksum reads second while it read the first, then fetched it all
-/// again: 16 MiB more over the host link, with the device waiting at the end.) Pages
+/// not taken to move down (`Device::reader_before`), and prefetch pays on the device: the
+/// pages on `dev` of the nearest block the stream has gone past
+/// (`policy::prefetch::passed_blocks`), at most `budget` of them, go as one batch. The
+/// stream reaches the hand's victims before it comes back, if ever, to a block behind it.
+/// (The hand alone, in P4's 2x stream, evicted the half that the checksum reads second
+/// while it read the first, then fetched it all again: 16 MiB more over the host link,
+/// with the device waiting at the end.) Pages
 /// that prefer the device, are pinned, or are protected by their cgroup's `dmem.min`
 /// stay; the unmap settles the pending prefetches of the others by the device's accessed
 /// bits (`migrate::revoke`). `None` when this does not apply (also within a dmem cgroup's

@@ -379,7 +379,7 @@ struct StreamView {
     /// How long ago the reader last asked, and how long the stream stays live (`Stream::age`).
     age_ns: u64,
     fresh_ns: u64,
-    /// The reader's last move between blocks went down (`Stream::downs`).
+    /// The reader is taken to move down (`Stream::downs`).
     down: bool,
 }
 
@@ -1340,8 +1340,8 @@ impl Device {
 
     /// Whether the block at `block_va` of `r` lies in the read-ahead window of the device's
     /// stream in `r`: between the block its reader last read in (`Stream::at`) and its
-    /// chain's front (`Stream::ahead_to`), a window of at most `max_frames` pages, while
-    /// the reader's last move went up (`Stream::downs`). Read ahead and about to be used;
+    /// chain's front (`Stream::ahead_to`), a window of at most `max_frames` pages, unless
+    /// the reader is taken to move down (`Stream::downs`). Read ahead and about to be used;
     /// above a reader moving down lies what it has read.
     pub(crate) fn ahead_of_reader(&self, r: &Arc<Region>, block_va: usize, max_frames: u64) -> bool {
         self.stream_in(r).is_some_and(|s| {
@@ -1356,7 +1356,7 @@ impl Device {
     /// fresh (came less than [`STREAM_FRESH_NS`] ago, or four of the stream's gaps between
     /// blocks: `Stream::age`), and its block (`Stream::at`) lies at least two blocks further
     /// on (the block right behind the reader's may still be read, as a stencil's halo is),
-    /// and the reader's last move between blocks went up (`Stream::downs`):
+    /// and the reader is not taken to move down (`Stream::downs`):
     /// `policy::prefetch::behind_stream`. A device streaming upwards reaches such a block
     /// again, if at all, only after every block in front of it. The fields are read one by
     /// one without a lock (a fault may move them meanwhile, even to another region; the
@@ -1367,9 +1367,9 @@ impl Device {
     }
 
     /// The block (2 MiB-aligned address) of the reader of the device's stream in `r`, if
-    /// the block at `block_va` lies in front of it, the stream is live and its reader last
-    /// moved up (`policy::prefetch::ahead_of_stream`, on the same fields and with the same
-    /// caveat as [`Device::behind_reader`]).
+    /// the block at `block_va` lies in front of it, the stream is live and its reader is
+    /// not taken to move down (`policy::prefetch::ahead_of_stream`, on the same fields and
+    /// with the same caveat as [`Device::behind_reader`]).
     pub(crate) fn reader_before(&self, r: &Arc<Region>, block_va: usize) -> Option<usize> {
         let v = self.stream_view(r, block_va)?;
         ahead_of_stream(v.block, v.at, v.to, v.age_ns, v.fresh_ns, v.down).then(|| v.at.saturating_mul(BLOCK_BYTES))

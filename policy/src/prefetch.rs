@@ -179,7 +179,8 @@ pub fn chain_start(from: usize, at: usize, to: Option<usize>, depth: usize, max_
 /// Whether a device's stream has gone past block `block` (blocks numbered by address /
 /// 2 MiB, as for [`chain_start`]): its reader's last fault that asked for read-ahead was
 /// at block `at`, `age_ns` ago, and its chain has queued blocks up to `to` (one past the
-/// last); `down`: the reader's last move from one block to another went to a lower block.
+/// last); `down`: the reader is taken to move down ([`DOWN_MOVES`] moves down in a row
+/// between blocks, [`downs_after`]).
 /// Gone past: the block lies at least two blocks before the reader's (the block right
 /// behind it may still be read, as a stencil's halo is), the chain has run ahead of the
 /// reader, and the ask is younger than `fresh_ns` (a stream that stopped asking has ended
@@ -220,7 +221,7 @@ pub fn stream_fresh_ns(gap_ns: u64, fresh_ns: u64, max_ns: u64) -> u64 {
 
 /// Whether block `block` lies in front of a device's live stream (as for
 /// [`behind_stream`]: its reader at block `at`, its chain queued up to `to`, its last ask
-/// `age_ns` ago, `down` if its last move went down): after the reader's block, while the
+/// `age_ns` ago, `down` if it is taken to move down): after the reader's block, while the
 /// stream is fresh and its chain ahead, and never for a reader moving down (as for
 /// [`behind_stream`]). The stream reaches such a block before it comes back, if ever, to
 /// one it has gone past.
