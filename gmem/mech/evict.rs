@@ -322,6 +322,13 @@ enum Place {
 /// wasted transfer and a fetch again: a trace of P4's 2x stream showed the hand, after a
 /// sweep that cleared every reference bit, taking blocks just read ahead).
 ///
+/// Whether page `i` of a region with `advice` prefers `dev` (PREFERRED_LOC): eviction
+/// spares it once, and takes it neither without a second chance nor in place of the
+/// hand's victims.
+fn prefers(advice: &AdviceMap<ADVICE_RUNS>, i: usize, dev: &Device) -> bool {
+    adv::preferred(advice.get(i as u64)) == Some(Target::Device(dev.id as u8))
+}
+
 /// A page the device touched in a block its stream has gone past is `Passed` instead of
 /// `Used`, unless it prefers this device: a stream reads each page once, so a second
 /// chance only sends the hand round again. (In P4's 2x stream, read-ahead's room-making
@@ -329,7 +336,7 @@ enum Place {
 /// marking the pages the checksum had just read as referenced, while the device waited
 /// for its next block.)
 fn verdict(dev: &Device, advice: &AdviceMap<ADVICE_RUNS>, i: usize, fl: u8, touched: bool, place: Place) -> Verdict {
-    let preferred = || adv::preferred(advice.get(i as u64)) == Some(Target::Device(dev.id as u8));
+    let preferred = || prefers(advice, i, dev);
     if touched {
         return if place == Place::Behind && !preferred() { Verdict::Passed } else { Verdict::Used };
     }
@@ -634,12 +641,11 @@ fn evict_behind(
     let region = &head.region;
     let va = usize::try_from(region.va(head.page as usize)).ok()?;
     let at = dev.reader_before(region, block_base(va))?;
-    let d = dev.id as u8;
     // Whether a block behind was held while eviction batches copied (most likely by one
     // of them, whose frames come free when its copies end; as for `evict_victims`, a
     // block held with none copying is not waited for).
     let mut held = false;
-    for b in passed_blocks(at / BLOCK_BYTES, BEHIND_LOOK) {
+    for b in passed_blocks(at, BEHIND_LOOK) {
         let Some(lo) = b.checked_mul(BLOCK_BYTES) else { break };
         // Below the region's start: so are the rest.
         if lo.saturating_add(BLOCK_BYTES) <= region.start {
@@ -657,8 +663,7 @@ fn evict_behind(
         // Pages that do not prefer the device, whose frames the device-wide pressure may
         // take: not protected by their cgroup's `dmem.min` (as for the rest of a victim's
         // block).
-        let prefers = |j: usize| adv::preferred(advice.get(j as u64)) == Some(Target::Device(d));
-        let Ok((cand, fls)) = owned_pages(dev, &p, prefers, Some(None)) else { return None };
+        let Ok((cand, fls)) = owned_pages(dev, &p, |j| prefers(&advice, j, dev), Some(None)) else { return None };
         let mut idx: KVec<usize> = KVec::with_capacity(cand.len(), GFP_KERNEL).ok()?;
         for (&(j, _), fl) in cand.iter().zip(fls.iter()) {
             if fl.is_some() && idx.len() < budget {

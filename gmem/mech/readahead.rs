@@ -76,7 +76,7 @@ use crate::obj::region::{Pages, Region, AHEAD_LANES, BLOCK_BYTES, BLOCK_PAGES};
 use crate::obj::space::Space;
 use crate::obj::{tune, wq};
 use crate::policy::page_state::{transition, Event, Loc, Target};
-use crate::policy::prefetch::{chain_next, chain_start, downs_after, lane_next, DOWN_MOVES};
+use crate::policy::prefetch::{chain_next, chain_start, downs_after, lane_next};
 use core::sync::atomic::{
     fence, AtomicBool,
     Ordering::{Acquire, Relaxed, Release, SeqCst},
@@ -301,7 +301,7 @@ fn start_chain(dev: &Arc<Device>, r: &Arc<Region>, block_va: usize, resume: bool
     // A reader taken to move down reads next what lies below it, and read-ahead queues
     // upwards only, where it has been: no chain for it (one already running stops at its
     // next hand-on, past its depth from the reader).
-    if st.downs.load(Relaxed) >= DOWN_MOVES {
+    if st.moving_down() {
         return;
     }
     if st.token.compare_exchange(false, true, Acquire, Relaxed).is_err() {

@@ -392,7 +392,7 @@ impl Stream {
     }
 
     /// Whether the reader is taken to be moving down: `DOWN_MOVES` moves down in a row.
-    fn moving_down(&self) -> bool {
+    pub(crate) fn moving_down(&self) -> bool {
         self.downs.load(Ordering::Relaxed) >= DOWN_MOVES
     }
 
@@ -1366,13 +1366,13 @@ impl Device {
         self.stream_view(r, block_va).is_some_and(|v| behind_stream(v.block, v.at, v.to, v.age_ns, v.fresh_ns, v.down))
     }
 
-    /// The block (2 MiB-aligned address) of the reader of the device's stream in `r`, if
-    /// the block at `block_va` lies in front of it, the stream is live and its reader is
+    /// The block of the reader of the device's stream in `r` (its number: address / 2 MiB),
+    /// if the block at `block_va` lies in front of it, the stream is live and its reader is
     /// not taken to move down (`policy::prefetch::ahead_of_stream`, on the same fields and
     /// with the same caveat as [`Device::behind_reader`]).
     pub(crate) fn reader_before(&self, r: &Arc<Region>, block_va: usize) -> Option<usize> {
         let v = self.stream_view(r, block_va)?;
-        ahead_of_stream(v.block, v.at, v.to, v.age_ns, v.fresh_ns, v.down).then(|| v.at.saturating_mul(BLOCK_BYTES))
+        ahead_of_stream(v.block, v.at, v.to, v.age_ns, v.fresh_ns, v.down).then_some(v.at)
     }
 
     /// The device's stream in `r`, if it has one, as its verdicts on the block at

@@ -348,6 +348,16 @@ pub fn space_stat(pages: u64, key: &str) -> Result<u64, String> {
     v.parse().map_err(|e: std::num::ParseIntError| e.to_string())
 }
 
+/// A field of this process's line in `/sys/kernel/debug/gmem/spaces` (`cpu_faults`,
+/// `mirror_invalidations`, ...); an error if the process has no space or the line no
+/// such field.
+pub fn my_space_stat(key: &str) -> Result<u64, String> {
+    let pid = std::process::id() as i32;
+    let spaces = libgmem::debugfs::spaces().map_err(|e| e.to_string())?;
+    let me = spaces.iter().find(|s| s.pid == pid).ok_or(format!("no space of pid {pid} in debugfs"))?;
+    me.fields.get(key).copied().ok_or(format!("no {key} in this process's space line"))
+}
+
 /// A counter of the kernel's `/proc/vmstat` (`pgmigrate_success`, say).
 pub fn vmstat(key: &str) -> Result<u64, String> {
     let text = std::fs::read_to_string("/proc/vmstat").map_err(|e| e.to_string())?;

@@ -5,7 +5,7 @@
 //! data both ways, read-only mappings, munmap, fork with COW, file mappings, THP, exit,
 //! and device access racing munmap.
 
-use crate::harness::{open, sh, vmstat, Test, TestResult};
+use crate::harness::{my_space_stat, open, sh, vmstat, Test, TestResult};
 use crate::{ensure, expect_errno, ok};
 use libgmem::csample::CSample;
 use libgmem::sim::{checksum, Sim};
@@ -367,15 +367,6 @@ fn sysmem_device_access_races_munmap() -> TestResult {
 /// QUERY on ordinary memory: never touched, on the host (CPU-mapped), mapped remotely by
 /// a device; nothing faulted in by asking; a range running into unmapped space, or an
 /// unmapped address, is ENOENT.
-/// This process's `mirror_invalidations` (debugfs `spaces`): MMU-notifier invalidations
-/// that unmapped device entries of its ordinary memory.
-fn mirror_invalidations() -> Result<u64, String> {
-    let pid = std::process::id() as i32;
-    let spaces = libgmem::debugfs::spaces().map_err(|e| e.to_string())?;
-    let me = spaces.iter().find(|s| s.pid == pid).ok_or(format!("no space of pid {pid} in debugfs"))?;
-    me.fields.get("mirror_invalidations").copied().ok_or("no mirror_invalidations in debugfs".to_string())
-}
-
 fn sysmem_query_reports_residency() -> TestResult {
     use libgmem::{GMEM_LOC_HOST, GMEM_LOC_NONE, GMEM_Q_CPU_MAPPED};
     let (g, s) = open()?;
@@ -389,7 +380,9 @@ fn sysmem_query_reports_residency() -> TestResult {
     // A miss is retried only if the kernel migrated pages or tried to, or an invalidation
     // unmapped device entries of this process, meanwhile.
     let moves = || -> Result<u64, String> {
-        Ok(vmstat("pgmigrate_success")? + vmstat("pgmigrate_fail")? + mirror_invalidations()?)
+        // `mirror_invalidations`: MMU-notifier invalidations that unmapped device entries
+        // of this process's ordinary memory.
+        Ok(vmstat("pgmigrate_success")? + vmstat("pgmigrate_fail")? + my_space_stat("mirror_invalidations")?)
     };
     let mut attempt = 0;
     let m = loop {

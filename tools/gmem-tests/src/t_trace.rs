@@ -20,9 +20,7 @@ fn delta(c0: &debugfs::Counters, c1: &debugfs::Counters, dev: u32, key: &str) ->
 }
 
 fn my_cpu_faults() -> Result<i64, String> {
-    let pid = std::process::id() as i32;
-    let s = debugfs::spaces().map_err(|e| e.to_string())?;
-    Ok(s.iter().find(|s| s.pid == pid).and_then(|s| s.fields.get("cpu_faults")).copied().unwrap_or(0) as i64)
+    Ok(crate::harness::my_space_stat("cpu_faults")? as i64)
 }
 
 fn events_add_up_to_the_counters() -> TestResult {
