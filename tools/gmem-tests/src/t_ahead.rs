@@ -305,6 +305,49 @@ fn prefetch_lanes_are_exact_and_fail_cleanly() -> TestResult {
     Ok(())
 }
 
+/// A PREFETCH whose range begins a few pages before a block boundary claims that short
+/// first chunk last (`moves::first_chunk_last`). The caller's first batch, whose copy is
+/// the advice's first (its helpers are queued only once that copy has started), is then
+/// the first whole block's first part, not the short chunk: the trace's first
+/// host-to-device copy of the advice is longer than the chunk. Every page still moves,
+/// with its data.
+fn prefetch_claims_a_short_first_chunk_last() -> TestResult {
+    use libgmem::trace;
+    const LEAD: usize = 16;
+    let (g, s) = open()?;
+    let (r, all) = cpu_written(&g, 4 * BLOCK, 0x1ead_0000)?;
+    // The first block boundary at least LEAD pages into the region, and a range from LEAD
+    // pages before it over two whole blocks (inside the region's four).
+    let mut b = r.addr.next_multiple_of(BLOCK as u64);
+    if b - r.addr < (LEAD * 4096) as u64 {
+        b += BLOCK as u64;
+    }
+    let start = b - (LEAD * 4096) as u64;
+    let len = LEAD * 4096 + 2 * BLOCK;
+    trace::dir().map_err(|e| format!("tracefs: {e}"))?;
+    trace::enable(false).map_err(|e| e.to_string())?;
+    trace::clear().map_err(|e| e.to_string())?;
+    trace::enable(true).map_err(|e| e.to_string())?;
+    let res = g.advise(start, len as u64, GMEM_ADV_PREFETCH, 0, 0);
+    trace::enable(false).map_err(|e| e.to_string())?;
+    ok!(res);
+    let h2d: Vec<i64> = ok!(trace::read())
+        .iter()
+        .filter(|e| e.name == "migrate" && e.text.get("dir").map(String::as_str) == Some("h2d"))
+        .filter_map(|e| e.num.get("pages").copied())
+        .collect();
+    let first = h2d.first().copied().unwrap_or(0);
+    ensure!(first > LEAD as i64, "the advice's first copy moved {first} pages: the short first chunk went first");
+    let moved: i64 = h2d.iter().sum();
+    ensure!(moved == (len / 4096) as i64, "{moved} pages crossed host to device, not {}", len / 4096);
+    all_at(&ok!(g.query(start, len / 4096)), GMEM_LOC_DEVICE, 0)?;
+    let k = ((start - r.addr) / 4) as usize;
+    let want = &all[k..k + len / 4];
+    ensure!(ok!(s.checksum(start, len as u64)).result == checksum(want), "the device reads other data");
+    ensure!(words(&r)[..] == all[..], "the CPU reads other data");
+    Ok(())
+}
+
 /// The `head=` switch bounds the first part of a batch in parts (`migrate::share_plan`:
 /// `min(head, ceil(copies / shares))`; with the sim's two channels a block's first part is
 /// at most 256 pages).
@@ -359,5 +402,6 @@ pub fn tests() -> Vec<crate::harness::Test> {
         Test { name: "ahead_cpu_sequential_fault_around", f: cpu_sequential_fault_around },
         Test { name: "ahead_prefetch_lanes_are_exact_and_fail_cleanly", f: prefetch_lanes_are_exact_and_fail_cleanly },
         Test { name: "ahead_prefetch_head_sizes_are_exact", f: prefetch_head_sizes_are_exact },
+        Test { name: "ahead_prefetch_claims_a_short_first_chunk_last", f: prefetch_claims_a_short_first_chunk_last },
     ]
 }
