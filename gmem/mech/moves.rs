@@ -42,8 +42,9 @@
 //! fault paths' order. The caller holds no mmap or block lock while it waits for helpers (a
 //! helper's mmap read lock could otherwise queue behind a writer that waits for the
 //! caller's). It waits only for the helpers that are inside a block (`Lanes::busy`, under
-//! `Lanes::state`): a helper the workqueue starts later finds the cursor at the end and
-//! does nothing, so the caller never waits for the workqueue itself (which matters when
+//! `Lanes::state`): a helper the workqueue starts later finds nothing left to claim and
+//! does nothing (or takes the chunk left for last, and counts as inside a block while it
+//! is), so the caller never waits for the workqueue itself (which matters when
 //! the caller is an asynchronous prefetch running on that same queue).
 
 use crate::exec::migrate::{self, Env};
@@ -260,9 +261,10 @@ fn stopped(cancel: Option<&Arc<AtomicBool>>, caller: bool) -> Result {
 
 /// What the lanes of one PREFETCH share, under [`Lanes::state`].
 struct LaneState {
-    /// The first page no lane has claimed yet.
+    /// The next page to claim in address order.
     cursor: usize,
-    /// A chunk claimed once the cursor is at the end: the range's short first chunk.
+    /// The chunk claimed once the cursor is at the end, if any: the range's short first
+    /// chunk (`first_chunk_last`), which lies before the cursor.
     last: Option<(usize, usize)>,
     /// Helpers inside a block.
     busy: usize,
@@ -401,8 +403,8 @@ impl WorkItem for Helper {
 /// such a chunk is the caller's first batch: its one short copy is over before the caller
 /// has set up its next block or the helpers (queued once that copy started) their first,
 /// and the link idles in between (traced: 0.2-0.5 ms after chunks of 4-38 pages).
-/// Claimed last, it is a short copy at the end, with little to commit and map after the
-/// link's last byte.
+/// Claimed once every other chunk has been, it is a short copy among the last ones on the
+/// link.
 fn first_chunk_last(region: &Region, first: usize, end: usize) -> (usize, Option<(usize, usize)>) {
     let lead_end = core::cmp::min(end, region.block_pages(first).end);
     let short = lead_end.saturating_sub(first) < tune::HEAD_PAGES.load(Relaxed) as usize;

@@ -305,17 +305,28 @@ fn prefetch_lanes_are_exact_and_fail_cleanly() -> TestResult {
     Ok(())
 }
 
-/// A PREFETCH whose range begins a few pages before a block boundary claims that short
-/// first chunk last (`moves::first_chunk_last`). The caller's first batch, whose copy is
-/// the advice's first (its helpers are queued only once that copy has started), is then
-/// the first whole block's first part, not the short chunk: the trace's first
-/// host-to-device copy of the advice is longer than the chunk. Every page still moves,
-/// with its data.
-fn prefetch_claims_a_short_first_chunk_last() -> TestResult {
+/// A PREFETCH whose range begins a few pages before a block boundary does not start with
+/// that short first chunk (`moves::first_chunk_last` leaves it for last). The caller's
+/// first batch, whose copy is the advice's first (its helpers are queued only once that
+/// copy has started), is then the first whole block's first part: the trace's first
+/// host-to-device copy of the advice is longer than the chunk. Every page still moves
+/// once, with its data. The settings this relies on are set here: three lanes, first
+/// parts of 128 pages, no multi-path routing (with a whole block in parts on the sim's
+/// two channels, the caller's first copy is traced before its helpers are queued).
+fn prefetch_does_not_start_with_a_short_chunk() -> TestResult {
+    let (g, s) = open()?;
+    let chans = ok!(s.info()).channels;
+    ensure!(chans == 2, "the sim has {chans} copy channels, expected 2");
+    control("lanes=3 head=128 multipath=0")?;
+    let res = short_first_chunk_goes_later(&g, &s);
+    control("multipath=1")?; // the default (lanes and head are at theirs)
+    res
+}
+
+fn short_first_chunk_goes_later(g: &libgmem::Gmem, s: &libgmem::sim::Sim) -> TestResult {
     use libgmem::trace;
     const LEAD: usize = 16;
-    let (g, s) = open()?;
-    let (r, all) = cpu_written(&g, 4 * BLOCK, 0x1ead_0000)?;
+    let (r, all) = cpu_written(g, 4 * BLOCK, 0x1ead_0000)?;
     // The first block boundary at least LEAD pages into the region, and a range from LEAD
     // pages before it over two whole blocks (inside the region's four).
     let mut b = r.addr.next_multiple_of(BLOCK as u64);
@@ -402,6 +413,9 @@ pub fn tests() -> Vec<crate::harness::Test> {
         Test { name: "ahead_cpu_sequential_fault_around", f: cpu_sequential_fault_around },
         Test { name: "ahead_prefetch_lanes_are_exact_and_fail_cleanly", f: prefetch_lanes_are_exact_and_fail_cleanly },
         Test { name: "ahead_prefetch_head_sizes_are_exact", f: prefetch_head_sizes_are_exact },
-        Test { name: "ahead_prefetch_claims_a_short_first_chunk_last", f: prefetch_claims_a_short_first_chunk_last },
+        Test {
+            name: "ahead_prefetch_does_not_start_with_a_short_chunk",
+            f: prefetch_does_not_start_with_a_short_chunk,
+        },
     ]
 }
