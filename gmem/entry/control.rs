@@ -52,7 +52,7 @@ pub(crate) fn apply(text: &str) -> Result {
                     return Err(EINVAL);
                 }
             }
-            "fail_host" => {
+            "fail_host" | "fail_teardown" => {
                 u32::try_from(num(v)?).map_err(|_| EINVAL)?;
             }
             "thrash_window_us" => {
@@ -89,6 +89,7 @@ pub(crate) fn apply(text: &str) -> Result {
             "prefetch_pct" => PREFETCH_PCT.store(num(v)? as u32, Relaxed),
             "thrash_window_us" => THRASH_WINDOW_US.store(num(v)? as u32, Relaxed),
             "fail_host" => FAIL_HOST.store(num(v)? as u32, Relaxed),
+            "fail_teardown" => FAIL_TEARDOWN.store(num(v)? as u32, Relaxed),
             _ => {}
         }
     }
@@ -97,7 +98,7 @@ pub(crate) fn apply(text: &str) -> Result {
 
 /// The current settings, one line.
 pub(crate) fn show(f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-    writeln!(
+    write!(
         f,
         "prefetch={} prefetch_pct={} preevict={} peer={} thrash={} thrash_window_us={} readahead={} lanes={} head={} multipath={}",
         u8::from(PREFETCH.load(Relaxed)),
@@ -110,5 +111,10 @@ pub(crate) fn show(f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         LANES.load(Relaxed),
         HEAD_PAGES.load(Relaxed),
         u8::from(MULTIPATH.load(Relaxed))
-    )
+    )?;
+    // A test's armed teardown failure, so that the test can see it was consumed.
+    match FAIL_TEARDOWN.load(Relaxed) {
+        0 => writeln!(f),
+        n => writeln!(f, " fail_teardown={n}"),
+    }
 }

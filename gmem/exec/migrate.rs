@@ -1300,6 +1300,12 @@ pub(crate) const BATCH_PAGES: usize = 512;
 /// executor batch (teardown). Refused transitions are reported with `refused` (the pages
 /// before the refused one are done); stops at the first execution error. Never-touched
 /// pages are skipped without a transition when `event` leaves them alone.
+///
+/// If that batch cannot have its memory (its step list: up to 512 steps, about 20 KiB; its
+/// per-step records), the range is done in batches of at most [`SMALL_BATCH`] steps
+/// instead, whose steps are on the stack and whose records take a few hundred bytes (more
+/// with duplicates). A teardown that gives up here keeps the block's device frames and
+/// host pages for good, and an OOM-killed process's exit may well find memory short.
 pub(crate) fn apply_range(
     env: &Env<'_>,
     p: &mut Pages,
@@ -1308,24 +1314,74 @@ pub(crate) fn apply_range(
     event: crate::policy::page_state::Event,
     refused: Error,
 ) -> Result {
-    use crate::policy::page_state::transition;
     let r = p.range();
     let (first, end) = (core::cmp::max(first, r.start), core::cmp::min(end, r.end));
-    let mut steps: KVec<Step> = KVec::with_capacity(end.saturating_sub(first), GFP_KERNEL)?;
-    let mut refusal = None;
-    for i in first..end {
-        let s = p.state(i);
-        match transition(s, event) {
-            Err(_) => {
-                refusal = Some(refused);
-                break;
+    match range_in_batches(env, p, (first, end), event, refused, false) {
+        // Walked again from the start: pages committed before the failure give no step
+        // then (`step_for`), and a free never leaves a page half done.
+        Err(e) if e == ENOMEM => range_in_batches(env, p, (first, end), event, refused, true),
+        res => res,
+    }
+}
+
+/// Steps of a batch of [`apply_range`]'s fallback.
+const SMALL_BATCH: usize = 8;
+
+/// The step that applies `event` to page `i` of the locked block `p`: `Ok(None)` if it
+/// changes nothing, `Err(())` if the transition is refused.
+fn step_for(p: &Pages, i: usize, event: crate::policy::page_state::Event) -> core::result::Result<Option<Step>, ()> {
+    let s = p.state(i);
+    let (next, a) = crate::policy::page_state::transition(s, event).map_err(|_| ())?;
+    Ok((next != s || a != Actions::default()).then_some(Step { i, prev: s, next, a }))
+}
+
+/// [`apply_range`] over `first..end` as one batch whose steps are in an allocated list
+/// (`fail_teardown=` makes that allocation fail, for tests), or, if `small`, in batches
+/// of at most [`SMALL_BATCH`] steps kept on the stack.
+fn range_in_batches(
+    env: &Env<'_>,
+    p: &mut Pages,
+    (first, end): (usize, usize),
+    event: crate::policy::page_state::Event,
+    refused: Error,
+    small: bool,
+) -> Result {
+    let mut list: KVec<Step> = KVec::new();
+    if !small {
+        if tune::teardown_alloc_fails() {
+            return Err(ENOMEM);
+        }
+        list.reserve(end.saturating_sub(first), GFP_KERNEL)?;
+    }
+    let none = Step { i: 0, prev: PageState::EMPTY, next: PageState::EMPTY, a: Actions::default() };
+    let mut stack = [none; SMALL_BATCH];
+    let mut i = first;
+    while i < end {
+        let (mut n, mut refusal) = (0, None);
+        while i < end && (!small || n < SMALL_BATCH) {
+            match step_for(p, i, event) {
+                Err(()) => {
+                    refusal = Some(refused);
+                    break;
+                }
+                Ok(None) => {}
+                Ok(Some(st)) => {
+                    if small {
+                        stack[n] = st;
+                    } else {
+                        // Room reserved above for every page of the range.
+                        list.push_within_capacity(st).map_err(|_| ENOMEM)?;
+                    }
+                    n += 1;
+                }
             }
-            Ok((next, a)) if next != s || a != Actions::default() => {
-                steps.push(Step { i, prev: s, next, a }, GFP_KERNEL)?
-            }
-            Ok(_) => {}
+            i += 1;
+        }
+        let steps = if small { &stack[..n] } else { &list[..] };
+        apply_batch(env, p, steps).res?;
+        if let Some(e) = refusal {
+            return Err(e);
         }
     }
-    apply_batch(env, p, &steps).res?;
-    refusal.map_or(Ok(()), Err)
+    Ok(())
 }

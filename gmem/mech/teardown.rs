@@ -23,12 +23,7 @@ pub(crate) fn teardown(region: &Arc<Region>) {
             from = p.range().end;
             let r = p.range();
             if let Err(e) = apply_range(&env, &mut p, r.start, r.end, Event::Free, EINVAL) {
-                pr_err!(
-                    "teardown of region {:#x} failed: {:?}
-",
-                    region.start,
-                    e
-                );
+                pr_err!("teardown of region {:#x} failed: {:?}\n", region.start, e);
             }
             drop(p);
             crate::obj::sched::cond_resched();

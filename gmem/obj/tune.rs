@@ -15,6 +15,9 @@
 //! - `dev=N low=L high=H`  watermarks of device N, in frames
 //! - `fail_host=N`         for tests: the N-th host page allocation from now fails with
 //!   `ENOMEM`, once (0, the default: none); a memory cgroup at its limit, on cue
+//! - `fail_teardown=N`     for tests: the N-th block torn down from now, in any region,
+//!   cannot have its batch's step list (`ENOMEM`), once (0, the default: none); a kernel
+//!   short of memory, as an OOM-killed process's exit may find it. Shown while armed.
 
 use core::sync::atomic::{AtomicBool, AtomicU32};
 
@@ -41,6 +44,9 @@ pub(crate) static THRASH_WINDOW_US: AtomicU32 = AtomicU32::new(500);
 /// `fail_host=`: host page allocations left until the one that fails (0: none).
 pub(crate) static FAIL_HOST: AtomicU32 = AtomicU32::new(0);
 
+/// `fail_teardown=`: teardown blocks left until the one whose step list fails (0: none).
+pub(crate) static FAIL_TEARDOWN: AtomicU32 = AtomicU32::new(0);
+
 /// Thrashing parameters: UVM's (3 moves within 500 us, pin after 10 throttles, for 300
 /// windows), with the window tunable (`thrash_window_us`).
 pub(crate) fn thrash_params() -> crate::policy::thrash::ThrashParams {
@@ -52,4 +58,11 @@ pub(crate) fn thrash_params() -> crate::policy::thrash::ThrashParams {
 pub(crate) fn host_alloc_fails() -> bool {
     use core::sync::atomic::Ordering::Relaxed;
     FAIL_HOST.fetch_update(Relaxed, Relaxed, |n| n.checked_sub(1)) == Ok(1)
+}
+
+/// Whether this teardown block's step list is the one `fail_teardown=` asked to fail
+/// (counting it).
+pub(crate) fn teardown_alloc_fails() -> bool {
+    use core::sync::atomic::Ordering::Relaxed;
+    FAIL_TEARDOWN.fetch_update(Relaxed, Relaxed, |n| n.checked_sub(1)) == Ok(1)
 }

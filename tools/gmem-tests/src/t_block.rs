@@ -159,6 +159,46 @@ fn host_alloc_failure_after_first_part_frees_every_frame() -> TestResult {
     res
 }
 
+/// A region's teardown whose block cannot have its batch's step list (`fail_teardown=`,
+/// as a kernel short of memory: an OOM-killed process's exit) still releases every frame
+/// of that block: it goes on in batches of at most eight pages kept on the stack. Before,
+/// it logged the failure and kept the block's frames for good. The hook is armed for the
+/// region's first block, or its second when the first is under 64 pages (regions need
+/// not start on a block boundary), and the control file shows it consumed.
+fn teardown_short_of_memory_frees_every_frame() -> TestResult {
+    // Only this region moves pages meanwhile.
+    control("preevict=0 peer=0 prefetch=0 readahead=0")?;
+    let res = (|| -> TestResult {
+        let (g, s) = open()?;
+        let used0 = crate::t_overcommit::counter(0, "used")?;
+        let r = ok!(g.alloc(2 * BLOCK));
+        let pages = (2 * BLOCK / 4096) as usize;
+        // Every page on the device (written there: device faults, zero-filled frames).
+        ok!(s.fill(r.addr, 2 * BLOCK, 7));
+        all_at(&ok!(g.query(r.addr, pages)), GMEM_LOC_DEVICE, 0)?;
+        let used = crate::t_overcommit::counter(0, "used")?;
+        ensure!(used == used0 + pages as u64, "{} frames in use for {pages} pages", used as i64 - used0 as i64);
+        let first = (r.addr.next_multiple_of(BLOCK) - r.addr) / 4096;
+        let nth = if first > 0 && first < 64 { 2 } else { 1 };
+        let shown = || {
+            std::fs::read_to_string("/sys/kernel/debug/gmem/control")
+                .map(|t| t.lines().next().unwrap_or("").contains("fail_teardown="))
+                .map_err(|e| e.to_string())
+        };
+        control(&format!("fail_teardown={nth}"))?;
+        ensure!(shown()?, "fail_teardown={nth} is not shown while armed");
+        drop(r);
+        let consumed = !shown()?;
+        control("fail_teardown=0")?;
+        ensure!(consumed, "the teardown never reached its block {nth}: the hook was not consumed");
+        let used = crate::t_overcommit::counter(0, "used")?;
+        ensure!(used == used0, "{} frames still in use after the region went", used as i64 - used0 as i64);
+        Ok(())
+    })();
+    control("fail_teardown=0 preevict=1 peer=1 prefetch=1 readahead=1")?;
+    res
+}
+
 /// Bad fault-injection arguments are refused.
 fn fail_copy_rejects_bad_arguments() -> TestResult {
     let (_g, s) = open()?;
@@ -404,6 +444,7 @@ pub fn tests() -> Vec<Test> {
             f: host_alloc_failure_after_first_part_frees_every_frame,
         },
         Test { name: "fault_around_edges_pinned_and_duplicated", f: fault_around_edges_pinned_and_duplicated },
+        Test { name: "teardown_short_of_memory_frees_every_frame", f: teardown_short_of_memory_frees_every_frame },
         Test {
             name: "cpu_fault_around_failure_does_not_fail_the_access",
             f: cpu_fault_around_failure_does_not_fail_the_access,
