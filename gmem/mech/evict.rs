@@ -310,6 +310,13 @@ enum Place {
     Elsewhere,
 }
 
+/// Whether page `i` of a region with `advice` prefers `dev` (PREFERRED_LOC): eviction
+/// spares it once, and takes it neither without a second chance nor in place of the
+/// hand's victims.
+fn prefers(advice: &AdviceMap<ADVICE_RUNS>, i: usize, dev: &Device) -> bool {
+    adv::preferred(advice.get(i as u64)) == Some(Target::Device(dev.id as u8))
+}
+
 /// The verdict on page `i` (owner frame on `dev`, with flags `fl`; `touched`: the
 /// device's accessed bit, just tested and cleared; `place`: where its block lies for the
 /// device's stream). A page gets a second chance if the device touched it since the last
@@ -322,13 +329,6 @@ enum Place {
 /// wasted transfer and a fetch again: a trace of P4's 2x stream showed the hand, after a
 /// sweep that cleared every reference bit, taking blocks just read ahead).
 ///
-/// Whether page `i` of a region with `advice` prefers `dev` (PREFERRED_LOC): eviction
-/// spares it once, and takes it neither without a second chance nor in place of the
-/// hand's victims.
-fn prefers(advice: &AdviceMap<ADVICE_RUNS>, i: usize, dev: &Device) -> bool {
-    adv::preferred(advice.get(i as u64)) == Some(Target::Device(dev.id as u8))
-}
-
 /// A page the device touched in a block its stream has gone past is `Passed` instead of
 /// `Used`, unless it prefers this device: a stream reads each page once, so a second
 /// chance only sends the hand round again. (In P4's 2x stream, read-ahead's room-making
