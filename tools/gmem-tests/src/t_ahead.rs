@@ -374,7 +374,7 @@ fn prefetch_head_sizes_are_exact() -> TestResult {
     for bad in ["head=15", "head=257", "head=", "head=x"] {
         control_refused(bad)?;
     }
-    let line = std::fs::read_to_string("/sys/kernel/debug/gmem/control").map_err(|e| e.to_string())?;
+    let line = crate::t_overcommit::control_text()?;
     ensure!(line.split_whitespace().any(|w| w == "head=128"), "head changed by refused writes: {line}");
     let chans = ok!(s.info()).channels;
     ensure!(chans == 2, "the sim has {chans} copy channels, expected 2");

@@ -180,10 +180,8 @@ fn teardown_short_of_memory_frees_every_frame() -> TestResult {
         ensure!(used == used0 + pages as u64, "{} frames in use for {pages} pages", used as i64 - used0 as i64);
         let first = (r.addr.next_multiple_of(BLOCK) - r.addr) / 4096;
         let nth = if first > 0 && first < 64 { 2 } else { 1 };
-        let shown = || {
-            std::fs::read_to_string("/sys/kernel/debug/gmem/control")
-                .map(|t| t.lines().next().unwrap_or("").contains("fail_teardown="))
-                .map_err(|e| e.to_string())
+        let shown = || -> std::result::Result<bool, String> {
+            Ok(crate::t_overcommit::control_text()?.lines().next().unwrap_or("").contains("fail_teardown="))
         };
         control(&format!("fail_teardown={nth}"))?;
         ensure!(shown()?, "fail_teardown={nth} is not shown while armed");

@@ -17,6 +17,11 @@ pub fn control(cmd: &str) -> std::result::Result<(), String> {
     std::fs::write("/sys/kernel/debug/gmem/control", cmd).map_err(|e| format!("control '{cmd}': {e}"))
 }
 
+/// Reads `/sys/kernel/debug/gmem/control`: the switches' line, then one line per device.
+pub fn control_text() -> std::result::Result<String, String> {
+    std::fs::read_to_string("/sys/kernel/debug/gmem/control").map_err(|e| format!("control: {e}"))
+}
+
 /// Writes `cmd` to `/sys/kernel/debug/gmem/control`, which must refuse it with EINVAL.
 pub fn control_refused(cmd: &str) -> std::result::Result<(), String> {
     match std::fs::write("/sys/kernel/debug/gmem/control", cmd) {

@@ -73,7 +73,7 @@ fn watermarks_are_writable_and_checked() -> TestResult {
     let r = (|| -> TestResult {
         write(1, "watermark_high", &(high + 8).to_string()).map_err(|e| e.to_string())?;
         ensure!(read(1, "watermark_high")? == high + 8, "watermark_high not stored");
-        let ctl = std::fs::read_to_string("/sys/kernel/debug/gmem/control").map_err(|e| e.to_string())?;
+        let ctl = crate::t_overcommit::control_text()?;
         ensure!(ctl.contains(&format!("dev=1 low={low} high={}", high + 8)), "control does not show it:\n{ctl}");
         for (attr, v) in [
             ("watermark_low", (high + 9).to_string()),
