@@ -302,6 +302,10 @@ impl gmem::Driver for SimDev {
         this.live().channels.start(this, channel, sub);
     }
 
+    fn copy_poll(&self, channel: u32) {
+        self.live().channels.poll(channel);
+    }
+
     fn frame_page(&self, frame: Frame) -> Option<&Page> {
         self.live().pool.frame_ref(frame.index())
     }
@@ -381,6 +385,7 @@ struct InfoArg {
     async_pages: u64,
     inflight: u64,
     max_inflight: u64,
+    polled: u64,
 }
 // SAFETY: integers only, no padding.
 unsafe impl FromBytes for InfoArg {}
@@ -505,6 +510,7 @@ impl SimFile {
         i.async_pages = d.chan.async_pages.load(Ordering::Relaxed);
         i.inflight = d.chan.inflight.load(Ordering::Relaxed);
         i.max_inflight = d.chan.max_inflight.load(Ordering::Relaxed);
+        i.polled = d.chan.polled.load(Ordering::Relaxed);
         w.write(&i)
     }
 

@@ -17,6 +17,14 @@
 //! waiter's), not two (the worker's, then the waiter's): under TCG each wake-up of an idle
 //! vCPU costs 0.1-1 ms.
 //!
+//! **Polling.** When a copy is started, the channel tells gmem when its booking ends
+//! (`Submission::expect_in`), and gmem's waiter may then complete it itself from shortly
+//! before that time on: `copy_poll` completes, in the caller's thread, what the timer
+//! would complete if it fired now (`Channel::complete_due`, counted as `polled`). Either
+//! takes a copy out of the landing list under `landed` before it signals it, so each copy
+//! is signalled once; the timer left armed for a copy a poll took finds the next one, or
+//! none, when it fires.
+//!
 //! **Lifetimes.** A channel is shared (`Arc`) by its device and, while it has work, by its
 //! queued work item; a queued or landing copy holds its device (`Arc<SimDev>`), so neither
 //! can go while a copy waits. gmem waits for every fence of a device before
@@ -249,6 +257,29 @@ impl Channel {
     }
 }
 
+impl Channel {
+    /// Completes the landing copies whose link time has ended, earliest first (counted in
+    /// `polled`); the timer stays armed for what it was (it then finds the next copy, or
+    /// none).
+    fn complete_due(&self) {
+        loop {
+            let mut l = self.landed.lock();
+            match l.copies.first().map(|c| c.at) {
+                Some(at) if !before(Instant::now(), at) => {
+                    let copy = l.copies.remove(0);
+                    drop(l);
+                    // Signalled without the lock, as the timer does.
+                    if let Ok(copy) = copy {
+                        copy.dev.chan.polled.fetch_add(1, Ordering::Relaxed);
+                        copy.finish();
+                    }
+                }
+                _ => return,
+            }
+        }
+    }
+}
+
 impl HrTimerCallback for Channel {
     type Pointer<'a> = Pin<&'a Channel>;
 
@@ -305,6 +336,9 @@ pub(crate) struct ChanStats {
     /// Pages copied by the channels' workers (a failed copy counts only the pages it
     /// moved before it failed).
     pub(crate) async_pages: AtomicU64,
+    /// Copies completed by gmem's polling (`copy_poll`) rather than by a channel's timer
+    /// or worker.
+    pub(crate) polled: AtomicU64,
 }
 
 /// The channels of one device.
@@ -338,6 +372,14 @@ impl Channels {
         }
     }
 
+    /// Completes now every copy of channel `chan` whose data has landed and whose link time
+    /// has ended (`copy_poll`): what the channel's timer would do when it fires.
+    pub(crate) fn poll(&self, chan: u32) {
+        if let Some(ch) = self.chans.get(chan as usize) {
+            ch.complete_due();
+        }
+    }
+
     /// Queues `sub` on channel `chan` of `dev`. A channel gmem should not have named, or
     /// no memory to queue it, fails the copy (`EINVAL`, `ENOMEM`) at once.
     pub(crate) fn start(&self, dev: &Arc<SimDev>, chan: u32, sub: Submission<SimDev>) {
@@ -362,6 +404,10 @@ impl Channels {
             let plan = dev.plan_copy(&sub.job(), q.busy_until);
             if let Some(end) = plan.ends() {
                 q.busy_until = end;
+            }
+            // Its booking's end is when gmem may start polling for it (`poll`).
+            if let Some(at) = dev.landing_at(&plan) {
+                sub.expect_in(at - Instant::now());
             }
             let _ = q.copies.push_within_capacity((dev.clone(), sub, plan));
         }

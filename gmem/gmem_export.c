@@ -33,6 +33,7 @@ EXPORT_SYMBOL_GPL(gmem_space_put);
 EXPORT_SYMBOL_GPL(gmem_space_ctx);
 EXPORT_SYMBOL_GPL(gmem_dev_fault);
 EXPORT_SYMBOL_GPL(gmem_fence_signal);
+EXPORT_SYMBOL_GPL(gmem_fence_expect);
 EXPORT_SYMBOL_GPL(gmem_dev_set_links);
 
 /*
@@ -181,5 +182,6 @@ const unsigned long gmem_c_abi_layout[] = {
 	offsetof(struct gmem_dev_props, nr_channels),
 	offsetof(struct gmem_dev_ops, map_prepare),
 	offsetof(struct gmem_dev_ops, test_clear_accessed_range),
+	offsetof(struct gmem_dev_ops, copy_poll),
 };
 const unsigned long gmem_c_abi_layout_len = ARRAY_SIZE(gmem_c_abi_layout);

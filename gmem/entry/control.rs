@@ -52,6 +52,11 @@ pub(crate) fn apply(text: &str) -> Result {
                     return Err(EINVAL);
                 }
             }
+            "poll" => {
+                if num(v)? > u64::from(POLL_MAX_US) {
+                    return Err(EINVAL);
+                }
+            }
             "fail_host" | "fail_teardown" => {
                 u32::try_from(num(v)?).map_err(|_| EINVAL)?;
             }
@@ -86,6 +91,7 @@ pub(crate) fn apply(text: &str) -> Result {
             "lanes" => LANES.store(num(v)? as u32, Relaxed),
             "head" => HEAD_PAGES.store(num(v)? as u32, Relaxed),
             "multipath" => MULTIPATH.store(flag(v)?, Relaxed),
+            "poll" => POLL_US.store(num(v)? as u32, Relaxed),
             "prefetch_pct" => PREFETCH_PCT.store(num(v)? as u32, Relaxed),
             "thrash_window_us" => THRASH_WINDOW_US.store(num(v)? as u32, Relaxed),
             "fail_host" => FAIL_HOST.store(num(v)? as u32, Relaxed),
@@ -100,7 +106,7 @@ pub(crate) fn apply(text: &str) -> Result {
 pub(crate) fn show(f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
     write!(
         f,
-        "prefetch={} prefetch_pct={} preevict={} peer={} thrash={} thrash_window_us={} readahead={} lanes={} head={} multipath={}",
+        "prefetch={} prefetch_pct={} preevict={} peer={} thrash={} thrash_window_us={} readahead={} lanes={} head={} multipath={} poll={}",
         u8::from(PREFETCH.load(Relaxed)),
         PREFETCH_PCT.load(Relaxed),
         u8::from(PREEVICT.load(Relaxed)),
@@ -110,7 +116,8 @@ pub(crate) fn show(f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         u8::from(READAHEAD.load(Relaxed)),
         LANES.load(Relaxed),
         HEAD_PAGES.load(Relaxed),
-        u8::from(MULTIPATH.load(Relaxed))
+        u8::from(MULTIPATH.load(Relaxed)),
+        POLL_US.load(Relaxed)
     )?;
     // A test's armed teardown failure, so that the test can see it was consumed.
     match FAIL_TEARDOWN.load(Relaxed) {

@@ -117,6 +117,20 @@ pub(crate) unsafe extern "C" fn gmem_fence_signal(fence: *mut crate::abi::GmemFe
     unsafe { &*fence.cast::<crate::obj::fence::Fence>() }.signal(err);
 }
 
+/// `gmem_fence_expect()` of the C ABI: the driver says when a copy should complete.
+///
+/// # Safety
+/// `fence` must be a fence gmem passed to `copy_async` for a copy the driver accepted and
+/// has not signalled yet (the executor keeps it alive until then: `obj/fence.rs`).
+#[no_mangle]
+pub(crate) unsafe extern "C" fn gmem_fence_expect(fence: *mut crate::abi::GmemFenceHandle, ns: u64) {
+    if fence.is_null() {
+        return;
+    }
+    // SAFETY: a live fence by the caller's contract.
+    unsafe { &*fence.cast::<crate::obj::fence::Fence>() }.expect(ns);
+}
+
 /// `gmem_dev_set_links()` of the C ABI: the driver reports its links' bandwidths.
 ///
 /// # Safety

@@ -614,7 +614,7 @@ fn start(
     peer: Option<&CDriver>,
 ) -> Result {
     flight.0.reserve(1, GFP_KERNEL)?;
-    let fence = Fence::new()?;
+    let fence = Fence::new(chan)?;
     // SAFETY: `part` lives in the caller's `lists` or a route's `Staging` (both kept until
     // `flight` waited: `copy_batch` and `pipelined` declare them first), the pages and
     // frames it names in the caller's batch (under the block lock) or the route's staging
@@ -1089,7 +1089,7 @@ fn pipelined(
     let mut waited = Ok(());
     let mut mapped = Ok(());
     for (k, &end) in ends.iter().enumerate().take(flight.0.len()) {
-        if let Err(e) = flight.0.get(k).map_or(Err(EINVAL), |f| f.wait()) {
+        if let Err(e) = flight.0.get(k).map_or(Err(EINVAL), |f| f.wait_polled(&|c| sops.copy_poll(c))) {
             waited = Err(e);
             break;
         }

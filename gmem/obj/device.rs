@@ -93,6 +93,9 @@ pub(crate) trait DeviceOps: Send + Sync {
         peer: Option<&Self>,
         fence: &crate::obj::fence::Fence,
     ) -> Result;
+    /// Completes now the copies of channel `chan` whose data has landed (the driver's
+    /// `copy_poll`; nothing without one).
+    fn copy_poll(&self, chan: u32);
     /// The host-visible page behind a frame, if the device can expose it to the CPU.
     fn frame_page(&self, _frame: u64) -> Option<*mut bindings::page> {
         build_error!(VTABLE_DEFAULT_ERROR)
@@ -281,6 +284,15 @@ impl DeviceOps for CDriver {
         // SAFETY: the callback is present; `pages` (n entries), what they name and `fence`
         // stay valid until the fence is signalled (the caller's contract).
         self.result("copy_async", unsafe { f(self.drv, chan, dir, pages.as_ptr(), n, peer, fence.as_handle()) })
+    }
+
+    fn copy_poll(&self, chan: u32) {
+        if let Some(f) = self.ops().copy_poll {
+            if chan < self.channels {
+                // SAFETY: optional callback present; `chan` is one of the device's channels.
+                unsafe { f(self.drv, chan) }
+            }
+        }
     }
 
     fn frame_page(&self, frame: u64) -> Option<*mut bindings::page> {

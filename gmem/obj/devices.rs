@@ -130,6 +130,7 @@ pub(crate) mod tests {
         copy_async: None,
         map_prepare: None,
         test_clear_accessed_range: None,
+        copy_poll: None,
     };
 
     #[test]
@@ -171,7 +172,7 @@ pub(crate) mod tests {
         assert_eq!(d.map(ctx, &[]), Err(EIO));
         assert_eq!(d.map_prepare(Ctx(core::ptr::null_mut()), 0, 1), Err(EIO));
         assert_eq!(d.copy(GMEM_COPY_H2D, &[], None), Err(EIO));
-        let Ok(fence) = crate::obj::fence::Fence::new() else { panic!("no memory for a fence") };
+        let Ok(fence) = crate::obj::fence::Fence::new(0) else { panic!("no memory for a fence") };
         // SAFETY: nothing is named by the copy; the refusal leaves nothing outstanding.
         assert_eq!(unsafe { d.copy_async(0, GMEM_COPY_H2D, &[], None, &fence) }, Err(EIO));
     }

@@ -14,9 +14,28 @@
 //! in any interrupt context); the kernel's completion holds its wait-queue lock until
 //! `complete()` is done with it, and the waiter takes the same lock before it returns, so
 //! the box is freed only after the signal stopped touching it.
+//!
+//! **Polling** (ABI 8: `gmem_fence_expect`, `copy_poll`). A driver may say, before it
+//! signals a fence, when it expects to (`expect`; the executor's pointer is valid then, as
+//! for the signal). The waiter then sleeps on the completion only until `poll=` us before
+//! that time (`gmem_completion_wait_until`, `gmem_fence.c`: an hrtimer of its own, since
+//! completions time out in jiffies), and calls the driver's `copy_poll` for the copy's
+//! channel until the fence is signalled or a while after that time
+//! ([`Fence::wait_polled`]). A poll may signal this fence and other fences of the channel,
+//! from the waiter's thread; each is still a `gmem_fence_signal`, and each fence's owner
+//! still goes through the completion before its box goes, so the lifetime argument above
+//! is unchanged.
 
-use core::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use kernel::{bindings, prelude::*, types::Opaque};
+
+extern "C" {
+    fn gmem_completion_wait_until(x: *mut bindings::completion, until_ns: u64) -> bool;
+}
+
+/// How long after the expected completion a waiter polls before it sleeps until the
+/// driver signals (a copy whose data has not landed yet, say).
+const POLL_LATE_NS: u64 = 200_000;
 
 /// Not signalled yet (results are 0 or a negative errno).
 const PENDING: i32 = 1;
@@ -34,6 +53,10 @@ pub(crate) struct Fence {
     state: AtomicI32,
     /// The waiter went through `done` (later waits only read `state`).
     waited: AtomicBool,
+    /// The channel the copy was started on.
+    chan: u32,
+    /// When the driver expects the copy to complete (`ktime_get_ns()`; 0: not said).
+    eta: AtomicU64,
 }
 
 // SAFETY: a completion may be completed and waited for from any thread.
@@ -42,8 +65,9 @@ unsafe impl Send for Fence {}
 unsafe impl Sync for Fence {}
 
 impl Fence {
-    /// A fence nobody has signalled yet, boxed where the driver can point at it.
-    pub(crate) fn new() -> Result<Pin<KBox<Fence>>> {
+    /// A fence nobody has signalled yet for a copy on channel `chan`, boxed where the
+    /// driver can point at it.
+    pub(crate) fn new(chan: u32) -> Result<Pin<KBox<Fence>>> {
         KBox::pin_init(
             pin_init!(Fence {
                 // SAFETY: `slot` is valid for writing an uninitialised completion.
@@ -52,6 +76,8 @@ impl Fence {
                 }),
                 state: AtomicI32::new(PENDING),
                 waited: AtomicBool::new(false),
+                chan,
+                eta: AtomicU64::new(0),
             }),
             GFP_KERNEL,
         )
@@ -70,6 +96,43 @@ impl Fence {
         // SAFETY: an initialised completion (type invariant), completed once: the state
         // moved from `PENDING` just now, which happens once.
         unsafe { bindings::complete(self.done.get()) };
+    }
+
+    /// Records when the driver expects the copy to complete (`gmem_fence_expect`).
+    pub(crate) fn expect(&self, ns: u64) {
+        self.eta.store(ns, Ordering::Relaxed);
+    }
+
+    /// [`Fence::wait`], but if the driver said when the copy should complete, sleeps only
+    /// until `poll=` us before then (or until signalled), then polls the copy's channel
+    /// with `poll` (at least once) until the fence is signalled or `POLL_LATE_NS` after
+    /// that time, so that a copy that lands then is seen at once instead of after the
+    /// driver's completion interrupt and this task's wake-up; then waits as `wait` does.
+    pub(crate) fn wait_polled(&self, poll: &dyn Fn(u32)) -> Result {
+        let eta = self.eta.load(Ordering::Relaxed);
+        // How long before `eta` polling starts (`poll=`; 0: never).
+        let early_ns = u64::from(crate::obj::tune::POLL_US.load(Ordering::Relaxed)) * 1000;
+        if eta != 0 && early_ns != 0 && !self.waited.load(Ordering::Acquire) {
+            let now = || {
+                // SAFETY: reads the monotonic clock; any context.
+                unsafe { bindings::ktime_get() }.max(0) as u64
+            };
+            let early = eta.saturating_sub(early_ns);
+            // SAFETY: an initialised completion (type invariant), not consumed here.
+            let done = now() < early && unsafe { gmem_completion_wait_until(self.done.get(), early) };
+            if !done {
+                // At least one poll, however late the sleep ended.
+                let late = eta.saturating_add(POLL_LATE_NS);
+                while !self.signalled() {
+                    poll(self.chan);
+                    if self.signalled() || now() >= late {
+                        break;
+                    }
+                    core::hint::spin_loop();
+                }
+            }
+        }
+        self.wait()
     }
 
     /// Whether the fence was signalled (diagnostics; a waiter uses [`Fence::wait`]).
@@ -110,19 +173,81 @@ mod tests {
 
     #[test]
     fn a_fence_reports_its_result_once() {
-        let f = Fence::new().expect("fence");
+        let f = Fence::new(0).expect("fence");
         assert!(!f.signalled());
         f.signal(-5);
         assert!(f.signalled());
         assert_eq!(f.wait(), Err(EIO));
         // Waiting again returns the same result at once.
         assert_eq!(f.wait(), Err(EIO));
-        let g = Fence::new().expect("fence");
+        let g = Fence::new(0).expect("fence");
         g.signal(0);
         assert_eq!(g.wait(), Ok(()));
         // Garbage from a driver counts as EIO.
-        let h = Fence::new().expect("fence");
+        let h = Fence::new(0).expect("fence");
         h.signal(7);
         assert_eq!(h.wait(), Err(EIO));
+    }
+
+    fn now() -> u64 {
+        // SAFETY: reads the monotonic clock.
+        unsafe { bindings::ktime_get() }.max(0) as u64
+    }
+
+    #[test]
+    fn a_polled_wait_sleeps_until_shortly_before_the_expected_end() {
+        // The driver expects the copy on channel 3 to end 2 ms from now; its `copy_poll`
+        // (the closure) completes it when called. The waiter's first poll comes no sooner
+        // than `poll=` us before that time (a sleep's deadline never passes early), the
+        // poll is for the copy's channel, and the copy's result is the wait's.
+        let early = u64::from(crate::obj::tune::POLL_US.load(Ordering::Relaxed)) * 1000;
+        // Polling is on by default.
+        assert!(early > 0);
+        for err in [0, -5] {
+            let f = Fence::new(3).expect("fence");
+            let eta = now() + 2_000_000;
+            f.expect(eta);
+            let polls = core::cell::Cell::new(0u32);
+            let first = core::cell::Cell::new(0u64);
+            let chan_seen = core::cell::Cell::new(u32::MAX);
+            let poll = |chan: u32| {
+                chan_seen.set(chan);
+                if polls.replace(polls.get() + 1) == 0 {
+                    first.set(now());
+                }
+                f.signal(err);
+            };
+            let want = if err == 0 { Ok(()) } else { Err(EIO) };
+            assert_eq!(f.wait_polled(&poll), want);
+            // Signalled by the first poll, so polled once, for the copy's channel, and not
+            // before `poll=` us ahead of the expected end.
+            assert_eq!(polls.get(), 1);
+            assert_eq!(chan_seen.get(), 3);
+            assert!(first.get() >= eta - early);
+        }
+    }
+
+    #[test]
+    fn a_polled_wait_does_not_poll_a_signalled_fence_or_one_without_an_estimate() {
+        let polls = core::cell::Cell::new(0u32);
+        let poll = |_chan: u32| polls.set(polls.get() + 1);
+        // Signalled long before its expected end: the wait returns at once, unpolled.
+        let f = Fence::new(0).expect("fence");
+        let t0 = now();
+        f.expect(t0 + 1_000_000_000);
+        f.signal(0);
+        assert_eq!(f.wait_polled(&poll), Ok(()));
+        // It did not sleep towards an end the copy had already reached.
+        assert!(now() - t0 < 500_000_000);
+        // No estimate from the driver: an ordinary wait.
+        let g = Fence::new(0).expect("fence");
+        g.signal(0);
+        assert_eq!(g.wait_polled(&poll), Ok(()));
+        // An estimate already past long ago: no polling either (its window is over).
+        let h = Fence::new(0).expect("fence");
+        h.expect(1);
+        h.signal(0);
+        assert_eq!(h.wait_polled(&poll), Ok(()));
+        assert_eq!(polls.get(), 0);
     }
 }

@@ -39,6 +39,11 @@ pub(crate) static HEAD_PAGES: AtomicU32 = AtomicU32::new(128);
 /// 512-page block: a larger `head` would act as 256.
 pub(crate) const HEAD_MIN: u32 = 16;
 pub(crate) const HEAD_MAX: u32 = 256;
+/// `poll=N`: a waiter for a copy whose driver said when it should complete polls the
+/// channel from `N` us before then (`Fence::wait_polled`; 0: never; default 100).
+pub(crate) static POLL_US: AtomicU32 = AtomicU32::new(100);
+/// Most `poll=` accepts: 10 ms.
+pub(crate) const POLL_MAX_US: u32 = 10_000;
 pub(crate) static THRASH: AtomicBool = AtomicBool::new(true);
 pub(crate) static THRASH_WINDOW_US: AtomicU32 = AtomicU32::new(500);
 /// `fail_host=`: host page allocations left until the one that fails (0: none).

@@ -39,11 +39,12 @@
  * &gmem_dev_props.nr_channels, gmem_fence_signal()); 5: process memory outside GMEM
  * regions (&gmem_dev_ops.map_prepare, %GMEM_PTE_SYSMEM); 6: %GMEM_PTE_SYSMEM entries may
  * name a frame (process memory migrated to the device); 7: the ops gained
- * @test_clear_accessed_range. &struct gmem_dev_ops has no size
+ * @test_clear_accessed_range; 8: the ops gained @copy_poll, and gmem_fence_expect().
+ * &struct gmem_dev_ops has no size
  * field: the version stands for its length, so any growth of the table bumps it.
  * Registration refuses other versions.
  */
-#define GMEM_DRIVER_ABI_VERSION 7
+#define GMEM_DRIVER_ABI_VERSION 8
 
 struct page;
 struct gmem_dev;
@@ -208,12 +209,20 @@ struct gmem_copy {
  *	accessed bits. 0, or a negative errno (gmem then reads every bit as 0). gmem uses
  *	it instead of @test_clear_accessed when both are there: one or two calls (one
  *	page-table lock each) per 2 MiB block eviction considers.
+ * @copy_poll: optional: signal now, from the caller's thread, every copy of channel
+ *	@chan whose data is at its destination and which the driver would otherwise
+ *	signal later (from its completion interrupt, say); copies still running are left
+ *	alone. gmem calls it while it waits for a copy whose fence the driver gave an
+ *	expected completion time (gmem_fence_expect()), from shortly before that time on,
+ *	instead of sleeping through the interrupt's latency and its own wake-up. Must not
+ *	sleep; may run concurrently with the channel's own completions (each copy is still
+ *	signalled exactly once).
  *
  * Every callback gets the @drv of &struct gmem_dev_props first. Every callback may sleep,
  * is never called with a spinlock held, may run concurrently with any other (for other
  * pages, spaces and devices) and from any task, and must not call into gmem (but for
- * gmem_fence_signal()). All but @frame_page, @test_clear_accessed,
- * @test_clear_accessed_range, @copy_async and @map_prepare are mandatory.
+ * gmem_fence_signal() and gmem_fence_expect()). All but @frame_page, @test_clear_accessed,
+ * @test_clear_accessed_range, @copy_async, @map_prepare and @copy_poll are mandatory.
  */
 struct gmem_dev_ops {
 	int (*ctx_create)(void *drv, void **ctx);
@@ -228,6 +237,7 @@ struct gmem_dev_ops {
 			  void *peer_drv, struct gmem_fence *fence);
 	int (*map_prepare)(void *drv, void *ctx, __u64 va, __u64 npages);
 	int (*test_clear_accessed_range)(void *drv, void *ctx, __u64 va, __u32 npages, __u64 *bits);
+	void (*copy_poll)(void *drv, __u32 chan);
 };
 
 /**
@@ -394,6 +404,21 @@ int gmem_dev_fault(struct gmem_dev *dev, struct gmem_space *space,
  * Context: any (process, softirq or hard interrupt); does not sleep.
  */
 void gmem_fence_signal(struct gmem_fence *fence, int err);
+
+/**
+ * gmem_fence_expect() - say when an asynchronous copy is expected to complete
+ * @fence: the fence gmem passed to &gmem_dev_ops.copy_async, not yet signalled
+ * @ns: the CLOCK_MONOTONIC time (ktime_get_ns()) at which the driver expects to signal it
+ *
+ * Optional, for a driver with &gmem_dev_ops.copy_poll, called before the fence is
+ * signalled (typically inside &gmem_dev_ops.copy_async, once the copy has its place in
+ * the channel's queue). A waiter then sleeps until shortly before @ns and polls the
+ * channel from then on. An estimate is enough: gmem only uses it to decide when to poll,
+ * and the fence counts as done only when it is signalled.
+ *
+ * Context: any; does not sleep.
+ */
+void gmem_fence_expect(struct gmem_fence *fence, __u64 ns);
 
 /**
  * gmem_dev_set_links() - report the bandwidth of a device's links

@@ -250,6 +250,17 @@ impl<T: Driver> Submission<T> {
         self.n as usize
     }
 
+    /// Tells gmem that the copy is expected to complete `left` from now, so that a waiter
+    /// polls the channel ([`Driver::copy_poll`]) from shortly before then instead of
+    /// sleeping until the completion wakes it. An estimate is enough.
+    pub fn expect_in(&self, left: kernel::time::Delta) {
+        // SAFETY: reads the monotonic clock; any context.
+        let now = unsafe { bindings::ktime_get() };
+        let at = now.saturating_add(left.as_nanos().max(0));
+        // SAFETY: the live, unsignalled fence (type invariant).
+        unsafe { gmem_fence_expect(self.fence.as_ptr(), at.max(0) as u64) };
+    }
+
     /// Ends the copy: `Ok` once every page is at its destination (the driver no longer
     /// touches any of them), or the error that stopped it.
     pub fn complete(self, r: Result) {
@@ -328,6 +339,15 @@ pub trait Driver: Send + Sync + Sized + 'static {
         build_error!(VTABLE_DEFAULT_ERROR)
     }
 
+    /// Optional: completes now, from the caller's thread, every copy of channel `channel`
+    /// whose data is at its destination and which the driver would otherwise complete
+    /// later (from its completion interrupt); copies still running are left alone. gmem
+    /// calls it while it waits for a copy whose submission said when it is expected to
+    /// complete ([`Submission::expect`]), from shortly before then. Must not sleep.
+    fn copy_poll(&self, _channel: u32) {
+        build_error!(VTABLE_DEFAULT_ERROR)
+    }
+
     /// Optional: the host-visible page behind a frame, which the CPU may then map
     /// remotely. The page is borrowed from the device's data, which lives until the device
     /// is unregistered, so it stays valid as long as gmem may use it. (Reserved: this
@@ -387,6 +407,7 @@ impl<T: Driver> Adapter<T> {
         } else {
             None
         },
+        copy_poll: if T::HAS_COPY_POLL { Some(Self::copy_poll) } else { None },
     };
     /// The table as a `'static` reference (the constant is promoted; the compiler checks).
     const OPS_REF: &'static GmemDevOps = &Self::OPS;
@@ -596,6 +617,16 @@ impl<T: Driver> Adapter<T> {
         0
     }
 
+    /// `gmem_dev_ops.copy_poll` of `T`.
+    ///
+    /// # Safety
+    /// Called by gmem only, as `include/linux/gmem.h` documents: `drv` is a live registration
+    /// of `T`.
+    unsafe extern "C" fn copy_poll(drv: *mut c_void, chan: u32) {
+        // SAFETY: gmem passes our `drv`.
+        unsafe { Self::data(drv) }.copy_poll(chan)
+    }
+
     /// `gmem_dev_ops.frame_page` of `T`.
     ///
     /// # Safety
@@ -661,6 +692,7 @@ extern "C" {
     fn gmem_space_put(space: *mut GmemSpaceHandle);
     fn gmem_space_ctx(dev: *mut GmemDevHandle, space: *mut GmemSpaceHandle) -> *mut c_void;
     fn gmem_fence_signal(fence: *mut GmemFenceHandle, err: c_int);
+    fn gmem_fence_expect(fence: *mut GmemFenceHandle, ns: u64);
     fn gmem_dev_set_links(dev: *mut GmemDevHandle, h2d_mbps: u64, d2h_mbps: u64, d2d_mbps: u64);
     fn gmem_dev_fault(
         dev: *mut GmemDevHandle,

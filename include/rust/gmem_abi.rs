@@ -8,7 +8,7 @@
 use kernel::bindings;
 use kernel::ffi::{c_char, c_int, c_void};
 
-pub const GMEM_DRIVER_ABI_VERSION: u32 = 7;
+pub const GMEM_DRIVER_ABI_VERSION: u32 = 8;
 pub const GMEM_ACCESS_READ: u32 = 1;
 pub const GMEM_ACCESS_WRITE: u32 = 2;
 pub const GMEM_PROT_READ: u32 = 1;
@@ -89,6 +89,7 @@ pub struct GmemDevOps {
     pub map_prepare: Option<unsafe extern "C" fn(drv: *mut c_void, ctx: *mut c_void, va: u64, npages: u64) -> c_int>,
     pub test_clear_accessed_range:
         Option<unsafe extern "C" fn(drv: *mut c_void, ctx: *mut c_void, va: u64, npages: u32, bits: *mut u64) -> c_int>,
+    pub copy_poll: Option<unsafe extern "C" fn(drv: *mut c_void, chan: u32)>,
 }
 
 /// `struct gmem_dev_props`.
@@ -104,7 +105,7 @@ pub struct GmemDevProps {
 }
 
 /// Sizes and offsets of the structs above, in the order `gmem_c_abi_layout[]` lists them.
-pub const ABI_LAYOUT: [usize; 16] = [
+pub const ABI_LAYOUT: [usize; 17] = [
     core::mem::size_of::<GmemPte>(),
     core::mem::offset_of!(GmemPte, prot),
     core::mem::size_of::<GmemCopy>(),
@@ -121,4 +122,5 @@ pub const ABI_LAYOUT: [usize; 16] = [
     core::mem::offset_of!(GmemDevProps, nr_channels),
     core::mem::offset_of!(GmemDevOps, map_prepare),
     core::mem::offset_of!(GmemDevOps, test_clear_accessed_range),
+    core::mem::offset_of!(GmemDevOps, copy_poll),
 ];

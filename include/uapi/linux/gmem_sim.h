@@ -69,6 +69,7 @@ struct gmem_sim_info {
 	__u64 async_pages;	/* out: pages the channels' workers copied */
 	__u64 inflight;		/* out: copies started and not yet completed */
 	__u64 max_inflight;	/* out: most copies in flight at once so far */
+	__u64 polled;		/* out: copies completed by gmem's polling (copy_poll) */
 };
 
 /*

@@ -115,7 +115,8 @@ pub fn defaults() -> &'static str {
         let line = control_settings();
         let words: Vec<&str> = line.split_whitespace().filter(|w| w.contains('=')).collect();
         if words.is_empty() {
-            "prefetch=1 prefetch_pct=51 preevict=1 peer=1 thrash=1 readahead=1 lanes=3 head=128 multipath=1".to_string()
+            "prefetch=1 prefetch_pct=51 preevict=1 peer=1 thrash=1 readahead=1 lanes=3 head=128 multipath=1 poll=100"
+                .to_string()
         } else {
             words.join(" ")
         }

@@ -131,16 +131,90 @@ fn later_part_failure_keeps_earlier_parts() -> TestResult {
     Ok(())
 }
 
-/// The two failures above under a link model (200 MB/s on every path): the channels' data
-/// move first and each copy completes when its link time ends, from the channel's timer
-/// (the engine's completion interrupt), in interrupt context; the errno, the parts kept and
-/// the data are as without the model.
-fn failures_complete_from_the_channel_timer() -> TestResult {
+/// Runs `f` with gmem's `poll=` switch at `us` (0: waiters never poll), and at its
+/// default (100) again after, whatever `f` returns.
+fn with_poll(us: u32, f: impl FnOnce() -> TestResult) -> TestResult {
+    crate::t_overcommit::control(&format!("poll={us}"))?;
+    let r = f();
+    crate::t_overcommit::control("poll=100")?;
+    r
+}
+
+/// The two failures above under a link model (200 MB/s on every path), with gmem's
+/// `poll=` switch at `poll`; how many copies polling completed (the sim's `polled`).
+fn failures_under_the_link_model(poll: u32) -> std::result::Result<u64, String> {
     let (_g, s) = open()?;
-    crate::t_link::with_link(&s, [200; 3], 0, || {
-        failed_channel_copy_fails_the_fault().map_err(|e| format!("fault: {e}"))?;
-        later_part_failure_keeps_earlier_parts().map_err(|e| format!("prefetch: {e}"))
-    })
+    let p0 = ok!(s.info()).polled;
+    with_poll(poll, || {
+        crate::t_link::with_link(&s, [200; 3], 0, || {
+            failed_channel_copy_fails_the_fault().map_err(|e| format!("fault: {e}"))?;
+            later_part_failure_keeps_earlier_parts().map_err(|e| format!("prefetch: {e}"))
+        })
+    })?;
+    Ok(ok!(s.info()).polled - p0)
+}
+
+/// The two failures above under a link model, with polling off: the channels' data move
+/// first and each copy completes when its link time ends, from the channel's timer (the
+/// engine's completion interrupt), in interrupt context; the errno, the parts kept and the
+/// data are as without the model.
+fn failures_complete_from_the_channel_timer() -> TestResult {
+    let polled = failures_under_the_link_model(0)?;
+    ensure!(polled == 0, "{polled} copies completed by polling with poll=0");
+    Ok(())
+}
+
+/// The same with gmem polling the channels from 2 ms before each copy's link time ends
+/// (`poll=2000`; the sim says when, driver API `gmem_fence_expect`): copies are completed
+/// from gmem's waiting thread (`copy_poll`), and the errno, the parts kept and the data
+/// are the same.
+fn failures_complete_from_a_poll() -> TestResult {
+    let polled = failures_under_the_link_model(2000)?;
+    ensure!(polled > 0, "no copy completed by polling with poll=2000 (each part's waiter polls)");
+    Ok(())
+}
+
+/// A PREFETCH of four aligned blocks over a 100 MB/s link, with polling from 2 ms before
+/// each copy's expected end and then with polling off: with it, gmem's waiters complete
+/// copies themselves (the sim's `polled` grows), without it none; either way every page
+/// reaches the device with its data, and nothing is left in flight.
+fn polling_completes_copies_when_their_link_time_ends() -> TestResult {
+    let (g, s) = open()?;
+    const BLOCK: usize = 2 << 20;
+    const LEN: usize = 4 * BLOCK;
+    let run = |poll: u32| -> std::result::Result<u64, String> {
+        let r = ok!(g.alloc((LEN + BLOCK) as u64));
+        for (i, w) in words(&r).iter_mut().enumerate() {
+            *w = pattern(i ^ poll as usize);
+        }
+        let a = r.addr.next_multiple_of(BLOCK as u64);
+        let first = ((a - r.addr) / 4) as usize;
+        let p0 = ok!(s.info()).polled;
+        with_poll(poll, || {
+            crate::t_link::with_link(&s, [100, 100, 0], 0, || {
+                ok!(g.advise(a, LEN as u64, GMEM_ADV_PREFETCH, 0, 0));
+                Ok(())
+            })
+        })?;
+        let i1 = ok!(s.info());
+        ensure!(i1.inflight == 0, "poll={poll}: {} copies still in flight after the PREFETCH", i1.inflight);
+        let q = ok!(g.query(a, LEN / 4096));
+        ensure!(q.iter().all(|&w| q_loc(w) == GMEM_LOC_DEVICE), "poll={poll}: not every page reached the device");
+        let want: Vec<u32> = (first..first + LEN / 4).map(|i| pattern(i ^ poll as usize)).collect();
+        let o = ok!(s.checksum(a, LEN as u64));
+        ensure!(o.result == checksum(&want), "poll={poll}: the device reads other data than the host wrote");
+        Ok(i1.polled - p0)
+    };
+    // Out of range or malformed: refused, nothing changed.
+    crate::t_overcommit::control_refused("poll=10001")?;
+    crate::t_overcommit::control_refused("poll=-1")?;
+    let line = crate::t_overcommit::control_text()?;
+    ensure!(line.split_whitespace().any(|w| w == "poll=100"), "poll changed by refused writes: {line}");
+    let polled = run(2000)?;
+    ensure!(polled > 0, "poll=2000: no copy of the four blocks was completed by polling");
+    let polled = run(0)?;
+    ensure!(polled == 0, "poll=0: {polled} copies completed by polling");
+    Ok(())
 }
 
 pub fn tests() -> Vec<crate::harness::Test> {
@@ -150,5 +224,10 @@ pub fn tests() -> Vec<crate::harness::Test> {
         Test { name: "chan_failed_channel_copy_fails_the_fault", f: failed_channel_copy_fails_the_fault },
         Test { name: "chan_later_part_failure_keeps_earlier_parts", f: later_part_failure_keeps_earlier_parts },
         Test { name: "chan_failures_complete_from_the_channel_timer", f: failures_complete_from_the_channel_timer },
+        Test { name: "chan_failures_complete_from_a_poll", f: failures_complete_from_a_poll },
+        Test {
+            name: "chan_polling_completes_copies_when_their_link_time_ends",
+            f: polling_completes_copies_when_their_link_time_ends,
+        },
     ]
 }

@@ -54,6 +54,8 @@ pub struct SimInfo {
     /// Copies started and not yet completed, now and at most so far.
     pub inflight: u64,
     pub max_inflight: u64,
+    /// Copies gmem's polling completed (driver API `copy_poll`) before the channel's timer.
+    pub polled: u64,
 }
 
 const fn iowr_s(nr: u64, size: usize) -> u64 {
@@ -265,6 +267,8 @@ mod tests {
     #[test]
     fn launch_struct_matches_the_header() {
         assert_eq!(std::mem::size_of::<SimLaunch>(), 96);
-        assert_eq!(std::mem::size_of::<SimInfo>(), 96);
+        // struct gmem_sim_info: 96 bytes up to max_inflight, then polled.
+        assert_eq!(std::mem::size_of::<SimInfo>(), 104);
+        assert_eq!(std::mem::offset_of!(SimInfo, polled), 96);
     }
 }
