@@ -29,7 +29,8 @@
 //! queued work item; a queued or landing copy holds its device (`Arc<SimDev>`), so neither
 //! can go while a copy waits. gmem waits for every fence of a device before
 //! `gmem_dev_unregister` returns, so no copy is queued or landing after the device is gone.
-//! The timer is armed only while the landing list is not empty, and a channel cancels it
+//! The timer is armed while the landing list is not empty (and may still fire once with
+//! the list empty, after a poll took the copy it was armed for), and a channel cancels it
 //! when it is dropped (`hrtimer_cancel` waits for a running callback), so the callback never
 //! runs on a freed channel. The callback drops a landing copy's device reference before it
 //! signals the fence: never the last one (the module keeps every device, and the
@@ -38,9 +39,11 @@
 //! item runs module code after unload.
 //!
 //! **Locks.** `Channel::queue` is never held while copying or completing; booking a copy
-//! under it takes only the link model's path lock (`PathState::booked`, a leaf). `Channel::landed` (interrupts off)
-//! is taken by the worker and the timer callback; under it only the timer is (re)armed
-//! (the hrtimer base lock nests inside it); no fence is signalled under it.
+//! under it takes only the link model's path lock (`PathState::booked`, a leaf).
+//! `Channel::landed` (interrupts off) is taken by the worker, the timer callback and
+//! `copy_poll` (gmem's waiter, in process context, under gmem's block lock); under it
+//! only the timer is (re)armed (the hrtimer base lock nests inside it); no fence is
+//! signalled under it.
 
 use crate::gmem::Submission;
 use crate::SimDev;
@@ -142,8 +145,9 @@ struct Landed {
 ///
 /// # Invariants
 /// `wq` is the module's [`Wq`], which outlives every use of the channel (see the module
-/// documentation). `timer` is armed only while `landed` holds a copy, and is cancelled
-/// before the channel is freed (its drop).
+/// documentation). `timer` is armed while `landed` holds a copy (it may also be armed with
+/// none, when a poll took the copy it was set for), and is cancelled before the channel is
+/// freed (its drop).
 #[pin_data(PinnedDrop)]
 pub(crate) struct Channel {
     wq: *mut bindings::workqueue_struct,

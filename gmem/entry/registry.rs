@@ -120,8 +120,9 @@ pub(crate) unsafe extern "C" fn gmem_fence_signal(fence: *mut crate::abi::GmemFe
 /// `gmem_fence_expect()` of the C ABI: the driver says when a copy should complete.
 ///
 /// # Safety
-/// `fence` must be a fence gmem passed to `copy_async` for a copy the driver accepted and
-/// has not signalled yet (the executor keeps it alive until then: `obj/fence.rs`).
+/// `fence` must be a fence gmem passed to `copy_async`, and the call made within that
+/// `copy_async` or later but before the driver signals the fence (the executor keeps it
+/// alive until it is signalled: `obj/fence.rs`).
 #[no_mangle]
 pub(crate) unsafe extern "C" fn gmem_fence_expect(fence: *mut crate::abi::GmemFenceHandle, ns: u64) {
     if fence.is_null() {

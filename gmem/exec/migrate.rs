@@ -1083,13 +1083,16 @@ fn pipelined(
     // A 2 MiB entry would also map a page that a step of an earlier part leaves unmapped
     // (read-ahead's marker): only if every step maps.
     let all_map = steps.iter().all(|st| st.a.map_dev.is_some());
-    // Commit every started part, in order, as its copy completes; stop at the first that
-    // failed. A part that failed to start (`res`) ends the started ones.
+    // Commit every started part, in order, as its copy completes (polling the channel when
+    // the driver can be polled: `Fence::wait_polled`); stop at the first that failed. A
+    // part that failed to start (`res`) ends the started ones.
+    let poll_chan = |c: u32| sops.copy_poll(c);
+    let poll = sops.can_poll().then_some(&poll_chan as &dyn Fn(u32));
     let mut committed = 0;
     let mut waited = Ok(());
     let mut mapped = Ok(());
     for (k, &end) in ends.iter().enumerate().take(flight.0.len()) {
-        if let Err(e) = flight.0.get(k).map_or(Err(EINVAL), |f| f.wait_polled(&|c| sops.copy_poll(c))) {
+        if let Err(e) = flight.0.get(k).map_or(Err(EINVAL), |f| f.wait_polled(poll)) {
             waited = Err(e);
             break;
         }

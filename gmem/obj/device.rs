@@ -96,6 +96,8 @@ pub(crate) trait DeviceOps: Send + Sync {
     /// Completes now the copies of channel `chan` whose data has landed (the driver's
     /// `copy_poll`; nothing without one).
     fn copy_poll(&self, chan: u32);
+    /// Whether the driver has `copy_poll` (a waiter polls only then).
+    fn can_poll(&self) -> bool;
     /// The host-visible page behind a frame, if the device can expose it to the CPU.
     fn frame_page(&self, _frame: u64) -> Option<*mut bindings::page> {
         build_error!(VTABLE_DEFAULT_ERROR)
@@ -284,6 +286,10 @@ impl DeviceOps for CDriver {
         // SAFETY: the callback is present; `pages` (n entries), what they name and `fence`
         // stay valid until the fence is signalled (the caller's contract).
         self.result("copy_async", unsafe { f(self.drv, chan, dir, pages.as_ptr(), n, peer, fence.as_handle()) })
+    }
+
+    fn can_poll(&self) -> bool {
+        self.ops().copy_poll.is_some()
     }
 
     fn copy_poll(&self, chan: u32) {

@@ -37,6 +37,13 @@ extern "C" {
 /// driver signals (a copy whose data has not landed yet, say).
 const POLL_LATE_NS: u64 = 200_000;
 
+/// When a waiter for a copy expected to complete at `eta` (`ktime_get_ns()`; 0: the driver
+/// did not say) wakes to poll, `early_ns` before it (0: never), and until when it polls:
+/// `None` for no polling.
+fn poll_window(eta: u64, early_ns: u64) -> Option<(u64, u64)> {
+    (eta != 0 && early_ns != 0).then(|| (eta.saturating_sub(early_ns), eta.saturating_add(POLL_LATE_NS)))
+}
+
 /// Not signalled yet (results are 0 or a negative errno).
 const PENDING: i32 = 1;
 
@@ -103,31 +110,29 @@ impl Fence {
         self.eta.store(ns, Ordering::Relaxed);
     }
 
-    /// [`Fence::wait`], but if the driver said when the copy should complete, sleeps only
-    /// until `poll=` us before then (or until signalled), then polls the copy's channel
-    /// with `poll` (at least once) until the fence is signalled or `POLL_LATE_NS` after
-    /// that time, so that a copy that lands then is seen at once instead of after the
-    /// driver's completion interrupt and this task's wake-up; then waits as `wait` does.
-    pub(crate) fn wait_polled(&self, poll: &dyn Fn(u32)) -> Result {
-        let eta = self.eta.load(Ordering::Relaxed);
-        // How long before `eta` polling starts (`poll=`; 0: never).
+    /// [`Fence::wait`], but if the driver said when the copy should complete and can be
+    /// polled (`poll` is its `copy_poll`), sleeps only until `poll=` us before then (or
+    /// until signalled), then polls the copy's channel (at least once) until the fence is
+    /// signalled or `POLL_LATE_NS` after that time, so that a copy that lands then is seen
+    /// at once instead of after the driver's completion interrupt and this task's wake-up;
+    /// then waits as `wait` does. Process context; sleeping locks may be held (the poll
+    /// loop gives the CPU to a task that needs it).
+    pub(crate) fn wait_polled(&self, poll: Option<&dyn Fn(u32)>) -> Result {
         let early_ns = u64::from(crate::obj::tune::POLL_US.load(Ordering::Relaxed)) * 1000;
-        if eta != 0 && early_ns != 0 && !self.waited.load(Ordering::Acquire) {
-            let now = || {
-                // SAFETY: reads the monotonic clock; any context.
-                unsafe { bindings::ktime_get() }.max(0) as u64
-            };
-            let early = eta.saturating_sub(early_ns);
+        let plan = poll.zip(poll_window(self.eta.load(Ordering::Relaxed), early_ns));
+        if let Some((poll, (wake, late))) = plan.filter(|_| !self.waited.load(Ordering::Acquire)) {
+            let now = crate::obj::sched::now_ns;
             // SAFETY: an initialised completion (type invariant), not consumed here.
-            let done = now() < early && unsafe { gmem_completion_wait_until(self.done.get(), early) };
+            let done = now() < wake && unsafe { gmem_completion_wait_until(self.done.get(), wake) };
             if !done {
                 // At least one poll, however late the sleep ended.
-                let late = eta.saturating_add(POLL_LATE_NS);
                 while !self.signalled() {
                     poll(self.chan);
                     if self.signalled() || now() >= late {
                         break;
                     }
+                    // The channel's worker may need this CPU to land the copy.
+                    crate::obj::sched::cond_resched();
                     core::hint::spin_loop();
                 }
             }
@@ -189,10 +194,7 @@ mod tests {
         assert_eq!(h.wait(), Err(EIO));
     }
 
-    fn now() -> u64 {
-        // SAFETY: reads the monotonic clock.
-        unsafe { bindings::ktime_get() }.max(0) as u64
-    }
+    use crate::obj::sched::now_ns as now;
 
     #[test]
     fn a_polled_wait_sleeps_until_shortly_before_the_expected_end() {
@@ -218,7 +220,7 @@ mod tests {
                 f.signal(err);
             };
             let want = if err == 0 { Ok(()) } else { Err(EIO) };
-            assert_eq!(f.wait_polled(&poll), want);
+            assert_eq!(f.wait_polled(Some(&poll)), want);
             // Signalled by the first poll, so polled once, for the copy's channel, and not
             // before `poll=` us ahead of the expected end.
             assert_eq!(polls.get(), 1);
@@ -228,7 +230,7 @@ mod tests {
     }
 
     #[test]
-    fn a_polled_wait_does_not_poll_a_signalled_fence_or_one_without_an_estimate() {
+    fn a_polled_wait_does_not_poll_a_signalled_fence() {
         let polls = core::cell::Cell::new(0u32);
         let poll = |_chan: u32| polls.set(polls.get() + 1);
         // Signalled long before its expected end: the wait returns at once, unpolled.
@@ -236,18 +238,26 @@ mod tests {
         let t0 = now();
         f.expect(t0 + 1_000_000_000);
         f.signal(0);
-        assert_eq!(f.wait_polled(&poll), Ok(()));
+        assert_eq!(f.wait_polled(Some(&poll)), Ok(()));
         // It did not sleep towards an end the copy had already reached.
         assert!(now() - t0 < 500_000_000);
-        // No estimate from the driver: an ordinary wait.
-        let g = Fence::new(0).expect("fence");
-        g.signal(0);
-        assert_eq!(g.wait_polled(&poll), Ok(()));
-        // An estimate already past long ago: no polling either (its window is over).
+        // An estimate long past, the fence signalled: not polled either.
         let h = Fence::new(0).expect("fence");
         h.expect(1);
         h.signal(0);
-        assert_eq!(h.wait_polled(&poll), Ok(()));
+        assert_eq!(h.wait_polled(Some(&poll)), Ok(()));
         assert_eq!(polls.get(), 0);
+    }
+
+    #[test]
+    fn polling_needs_an_estimate_and_poll_on() {
+        // No estimate from the driver, or `poll=0`: no polling at all.
+        assert_eq!(poll_window(0, 100_000), None);
+        assert_eq!(poll_window(5_000_000, 0), None);
+        // Otherwise from `early_ns` before the expected end to `POLL_LATE_NS` after it,
+        // without wrapping near either end of the clock.
+        assert_eq!(poll_window(5_000_000, 100_000), Some((4_900_000, 5_000_000 + POLL_LATE_NS)));
+        assert_eq!(poll_window(50, 100_000), Some((0, 50 + POLL_LATE_NS)));
+        assert_eq!(poll_window(u64::MAX, 100_000), Some((u64::MAX - 100_000, u64::MAX)));
     }
 }

@@ -214,9 +214,10 @@ struct gmem_copy {
  *	signal later (from its completion interrupt, say); copies still running are left
  *	alone. gmem calls it while it waits for a copy whose fence the driver gave an
  *	expected completion time (gmem_fence_expect()), from shortly before that time on,
- *	instead of sleeping through the interrupt's latency and its own wake-up. Must not
- *	sleep; may run concurrently with the channel's own completions (each copy is still
- *	signalled exactly once).
+ *	instead of sleeping through the interrupt's latency and its own wake-up (this
+ *	version: for the parts of a batch committed part by part). Must not sleep; may run
+ *	concurrently with the channel's own completions (each copy is still signalled
+ *	exactly once).
  *
  * Every callback gets the @drv of &struct gmem_dev_props first. Every callback may sleep,
  * is never called with a spinlock held, may run concurrently with any other (for other
@@ -410,9 +411,9 @@ void gmem_fence_signal(struct gmem_fence *fence, int err);
  * @fence: the fence gmem passed to &gmem_dev_ops.copy_async, not yet signalled
  * @ns: the CLOCK_MONOTONIC time (ktime_get_ns()) at which the driver expects to signal it
  *
- * Optional, for a driver with &gmem_dev_ops.copy_poll, called before the fence is
- * signalled (typically inside &gmem_dev_ops.copy_async, once the copy has its place in
- * the channel's queue). A waiter then sleeps until shortly before @ns and polls the
+ * Optional, for a driver with &gmem_dev_ops.copy_poll, called from within
+ * &gmem_dev_ops.copy_async or later, before the fence is signalled (typically once the
+ * copy has its place in the channel's queue). A waiter then sleeps until shortly before @ns and polls the
  * channel from then on. An estimate is enough: gmem only uses it to decide when to poll,
  * and the fence counts as done only when it is signalled.
  *

@@ -343,7 +343,7 @@ pub trait Driver: Send + Sync + Sized + 'static {
     /// whose data is at its destination and which the driver would otherwise complete
     /// later (from its completion interrupt); copies still running are left alone. gmem
     /// calls it while it waits for a copy whose submission said when it is expected to
-    /// complete ([`Submission::expect`]), from shortly before then. Must not sleep.
+    /// complete ([`Submission::expect_in`]), from shortly before then. Must not sleep.
     fn copy_poll(&self, _channel: u32) {
         build_error!(VTABLE_DEFAULT_ERROR)
     }
