@@ -38,6 +38,13 @@ pub(crate) const MAX_LATENCY_NS: u64 = 1_000_000_000;
 /// Longest single sleep while waiting, ns (between them the wait checks for SIGKILL).
 const STEP_NS: u64 = 10_000_000;
 
+/// How long before a reservation ends [`Links::wait`] stops sleeping and spins: about the
+/// median lateness of a sleep's timer in the TCG guest (54-95 us, benchmarks.rst), which a
+/// synchronous copy (one CPU fault's page: 4.5 us on a 900 MB/s link) otherwise returned
+/// that much after its link time, as no engine's completion is late. The same as gmem's
+/// default `poll=` for the channels' copies.
+const SPIN_NS: u64 = 100_000;
+
 /// Whether a model is within the bounds above.
 pub(crate) fn valid(mbps: &[u64; 3], latency_ns: u64) -> bool {
     mbps.iter().all(|&m| m == 0 || m >= MIN_MBPS) && latency_ns <= MAX_LATENCY_NS
@@ -215,15 +222,22 @@ impl Links {
         self.epoch + kernel::time::Delta::from_nanos(i64::try_from(b.end).unwrap_or(i64::MAX))
     }
 
-    /// Sleeps until `b`'s reservation ends (at once if the copy itself took longer), in
-    /// steps of at most 10 ms; a task being killed stops waiting.
+    /// Waits until `b`'s reservation ends (at once if the copy itself took longer): sleeps,
+    /// in steps of at most 10 ms, until `SPIN_NS` before it ends, then spins (giving the
+    /// CPU to a task that needs it); a task being killed stops waiting.
     pub(crate) fn wait(&self, b: Booking) {
         loop {
             let now = self.now();
             if now >= b.end || crate::gmem::sched::fatal_signal_pending() {
                 return;
             }
-            sleep_exactly(core::cmp::min(b.end - now, STEP_NS));
+            match b.end - now {
+                left if left > SPIN_NS => sleep_exactly(core::cmp::min(left - SPIN_NS, STEP_NS)),
+                _ => {
+                    crate::gmem::sched::cond_resched();
+                    core::hint::spin_loop();
+                }
+            }
         }
     }
 }
