@@ -261,25 +261,30 @@ impl Channel {
     }
 }
 
+impl Landed {
+    /// The earliest landing copy, taken out of the list, if its link time has ended; else
+    /// when the next one ends (`None`: none is landing).
+    fn take_due(&mut self) -> core::result::Result<Landing, Option<Instant<Monotonic>>> {
+        match self.copies.first().map(|c| c.at) {
+            // (`remove(0)` cannot fail: the list has a first copy.)
+            Some(at) if !before(Instant::now(), at) => self.copies.remove(0).map_err(|_| None),
+            next => Err(next),
+        }
+    }
+}
+
 impl Channel {
     /// Completes the landing copies whose link time has ended, earliest first (counted in
     /// `polled`); the timer stays armed for what it was (it then finds the next copy, or
     /// none).
     fn complete_due(&self) {
         loop {
-            let mut l = self.landed.lock();
-            match l.copies.first().map(|c| c.at) {
-                Some(at) if !before(Instant::now(), at) => {
-                    let copy = l.copies.remove(0);
-                    drop(l);
-                    // Signalled without the lock, as the timer does.
-                    if let Ok(copy) = copy {
-                        copy.dev.chan.polled.fetch_add(1, Ordering::Relaxed);
-                        copy.finish();
-                    }
-                }
-                _ => return,
-            }
+            // The guard is a temporary of the `let`, dropped at its end (a `while let`
+            // would keep it for the body): the copy is signalled without the lock, as the
+            // timer does.
+            let Ok(copy) = self.landed.lock().take_due() else { return };
+            copy.dev.chan.polled.fetch_add(1, Ordering::Relaxed);
+            copy.finish();
         }
     }
 }
@@ -292,17 +297,13 @@ impl HrTimerCallback for Channel {
     fn run(this: Pin<&Channel>, _ctx: HrTimerCallbackContext<'_, Self>) -> HrTimerRestart {
         loop {
             let mut l = this.landed.lock();
-            let now = Instant::now();
-            match l.copies.first().map(|c| c.at) {
-                Some(at) if !before(now, at) => {
-                    let copy = l.copies.remove(0);
+            match l.take_due() {
+                Ok(copy) => {
                     drop(l);
                     // Signalled without the lock (the waiter may start another copy).
-                    if let Ok(copy) = copy {
-                        copy.finish();
-                    }
+                    copy.finish();
                 }
-                next => {
+                Err(next) => {
                     // Re-armed from here (a timer may be started from its own callback;
                     // the hrtimer core then leaves it queued), or left unarmed.
                     l.armed = next;

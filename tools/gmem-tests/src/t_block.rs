@@ -4,7 +4,7 @@
 //! every page of it valid, with its data.
 
 use crate::harness::{all_at, open, space_stat, words, Test, TestResult};
-use crate::t_overcommit::control;
+use crate::t_overcommit::{control, with_control};
 use crate::{ensure, expect_errno, ok};
 use libgmem::sim::checksum;
 use libgmem::*;
@@ -112,51 +112,55 @@ fn copy_failure_mid_batch_keeps_every_page() -> TestResult {
 /// the larger of the two only: 32 frees were dropped and their frames leaked.
 fn host_alloc_failure_after_first_part_frees_every_frame() -> TestResult {
     // Only this advice moves pages meanwhile.
-    control("preevict=0 peer=0 prefetch=0 readahead=0 head=32")?;
-    let res = (|| -> TestResult {
-        let (g, s) = open()?;
-        let used0 = crate::t_overcommit::counter(0, "used")?;
-        let r = ok!(g.alloc(2 * BLOCK));
-        let a = r.addr.next_multiple_of(BLOCK);
-        let first = ((a - r.addr) / 4) as usize;
-        let pg = 4096u64;
-        let (clean, tail) = (a + 32 * pg, a + 416 * pg);
-        // What the CPU must read back in the end (computed here: a CPU read now would bring
-        // device pages home): the device's words at both ends, the CPU's in the middle.
-        let mut want: Vec<u32> = (0..512 * 1024u32).map(|i| 1000u32.wrapping_add(i)).collect();
-        for (i, x) in want[416 * 1024..].iter_mut().enumerate() {
-            *x = 2000u32.wrapping_add(i as u32);
-        }
-        pattern(&mut want[32 * 1024..416 * 1024], 5);
-        // The clean middle: written by the CPU, prefetched (the host copy stays valid).
-        words(&r)[first + 32 * 1024..first + 416 * 1024].copy_from_slice(&want[32 * 1024..416 * 1024]);
-        ok!(g.advise(clean, 384 * pg, GMEM_ADV_PREFETCH, 0, 0));
-        // The dirty ends: written by the device.
-        ok!(s.fill(a, 32 * pg, 1000));
-        ok!(s.fill(tail, 96 * pg, 2000));
-        let q = ok!(g.query(a, 512));
-        all_at(&q, GMEM_LOC_DEVICE, 0)?;
-        let dirty = q.iter().map(|w| w & GMEM_Q_DIRTY != 0).collect::<Vec<_>>();
-        ensure!(dirty[..32].iter().chain(&dirty[416..]).all(|&d| d) && !dirty[32..416].iter().any(|&d| d), "layout");
-        control("fail_host=33")?;
-        let moved = g.advise(a, BLOCK, GMEM_ADV_PREFETCH, GMEM_HOST, 0);
-        control("fail_host=0")?;
-        expect_errno!(moved, libc::ENOMEM);
-        let q = ok!(g.query(a, 512));
-        all_at(&q[..416], GMEM_LOC_HOST, 0)?;
-        all_at(&q[416..], GMEM_LOC_DEVICE, 0)?;
-        // Exactly the 96 pages still there hold frames: none leaked.
-        let used = crate::t_overcommit::counter(0, "used")?;
-        ensure!(used == used0 + 96, "{} frames in use for 96 pages on the device", used - used0);
-        ok!(g.advise(a, BLOCK, GMEM_ADV_PREFETCH, GMEM_HOST, 0));
-        ensure!(words(&r)[first..first + 512 * 1024] == want[..], "the CPU reads other data");
-        drop(r);
-        let used = crate::t_overcommit::counter(0, "used")?;
-        ensure!(used == used0, "{} frames still in use after the region went", used - used0);
-        Ok(())
-    })();
-    control("fail_host=0 preevict=1 peer=1 prefetch=1 readahead=1 head=128")?;
-    res
+    with_control(
+        "preevict=0 peer=0 prefetch=0 readahead=0 head=32",
+        "fail_host=0 preevict=1 peer=1 prefetch=1 readahead=1 head=128",
+        || {
+            let (g, s) = open()?;
+            let used0 = crate::t_overcommit::counter(0, "used")?;
+            let r = ok!(g.alloc(2 * BLOCK));
+            let a = r.addr.next_multiple_of(BLOCK);
+            let first = ((a - r.addr) / 4) as usize;
+            let pg = 4096u64;
+            let (clean, tail) = (a + 32 * pg, a + 416 * pg);
+            // What the CPU must read back in the end (computed here: a CPU read now would bring
+            // device pages home): the device's words at both ends, the CPU's in the middle.
+            let mut want: Vec<u32> = (0..512 * 1024u32).map(|i| 1000u32.wrapping_add(i)).collect();
+            for (i, x) in want[416 * 1024..].iter_mut().enumerate() {
+                *x = 2000u32.wrapping_add(i as u32);
+            }
+            pattern(&mut want[32 * 1024..416 * 1024], 5);
+            // The clean middle: written by the CPU, prefetched (the host copy stays valid).
+            words(&r)[first + 32 * 1024..first + 416 * 1024].copy_from_slice(&want[32 * 1024..416 * 1024]);
+            ok!(g.advise(clean, 384 * pg, GMEM_ADV_PREFETCH, 0, 0));
+            // The dirty ends: written by the device.
+            ok!(s.fill(a, 32 * pg, 1000));
+            ok!(s.fill(tail, 96 * pg, 2000));
+            let q = ok!(g.query(a, 512));
+            all_at(&q, GMEM_LOC_DEVICE, 0)?;
+            let dirty = q.iter().map(|w| w & GMEM_Q_DIRTY != 0).collect::<Vec<_>>();
+            ensure!(
+                dirty[..32].iter().chain(&dirty[416..]).all(|&d| d) && !dirty[32..416].iter().any(|&d| d),
+                "layout"
+            );
+            control("fail_host=33")?;
+            let moved = g.advise(a, BLOCK, GMEM_ADV_PREFETCH, GMEM_HOST, 0);
+            control("fail_host=0")?;
+            expect_errno!(moved, libc::ENOMEM);
+            let q = ok!(g.query(a, 512));
+            all_at(&q[..416], GMEM_LOC_HOST, 0)?;
+            all_at(&q[416..], GMEM_LOC_DEVICE, 0)?;
+            // Exactly the 96 pages still there hold frames: none leaked.
+            let used = crate::t_overcommit::counter(0, "used")?;
+            ensure!(used == used0 + 96, "{} frames in use for 96 pages on the device", used - used0);
+            ok!(g.advise(a, BLOCK, GMEM_ADV_PREFETCH, GMEM_HOST, 0));
+            ensure!(words(&r)[first..first + 512 * 1024] == want[..], "the CPU reads other data");
+            drop(r);
+            let used = crate::t_overcommit::counter(0, "used")?;
+            ensure!(used == used0, "{} frames still in use after the region went", used - used0);
+            Ok(())
+        },
+    )
 }
 
 /// A region's teardown whose block cannot have its batch's step list (`fail_teardown=`,
@@ -167,34 +171,35 @@ fn host_alloc_failure_after_first_part_frees_every_frame() -> TestResult {
 /// not start on a block boundary), and the control file shows it consumed.
 fn teardown_short_of_memory_frees_every_frame() -> TestResult {
     // Only this region moves pages meanwhile.
-    control("preevict=0 peer=0 prefetch=0 readahead=0")?;
-    let res = (|| -> TestResult {
-        let (g, s) = open()?;
-        let used0 = crate::t_overcommit::counter(0, "used")?;
-        let r = ok!(g.alloc(2 * BLOCK));
-        let pages = (2 * BLOCK / 4096) as usize;
-        // Every page on the device (written there: device faults, zero-filled frames).
-        ok!(s.fill(r.addr, 2 * BLOCK, 7));
-        all_at(&ok!(g.query(r.addr, pages)), GMEM_LOC_DEVICE, 0)?;
-        let used = crate::t_overcommit::counter(0, "used")?;
-        ensure!(used == used0 + pages as u64, "{} frames in use for {pages} pages", used as i64 - used0 as i64);
-        let first = (r.addr.next_multiple_of(BLOCK) - r.addr) / 4096;
-        let nth = if first > 0 && first < 64 { 2 } else { 1 };
-        let shown = || -> std::result::Result<bool, String> {
-            Ok(crate::t_overcommit::control_text()?.lines().next().unwrap_or("").contains("fail_teardown="))
-        };
-        control(&format!("fail_teardown={nth}"))?;
-        ensure!(shown()?, "fail_teardown={nth} is not shown while armed");
-        drop(r);
-        let consumed = !shown()?;
-        control("fail_teardown=0")?;
-        ensure!(consumed, "the teardown never reached its block {nth}: the hook was not consumed");
-        let used = crate::t_overcommit::counter(0, "used")?;
-        ensure!(used == used0, "{} frames still in use after the region went", used as i64 - used0 as i64);
-        Ok(())
-    })();
-    control("fail_teardown=0 preevict=1 peer=1 prefetch=1 readahead=1")?;
-    res
+    with_control(
+        "preevict=0 peer=0 prefetch=0 readahead=0",
+        "fail_teardown=0 preevict=1 peer=1 prefetch=1 readahead=1",
+        || {
+            let (g, s) = open()?;
+            let used0 = crate::t_overcommit::counter(0, "used")?;
+            let r = ok!(g.alloc(2 * BLOCK));
+            let pages = (2 * BLOCK / 4096) as usize;
+            // Every page on the device (written there: device faults, zero-filled frames).
+            ok!(s.fill(r.addr, 2 * BLOCK, 7));
+            all_at(&ok!(g.query(r.addr, pages)), GMEM_LOC_DEVICE, 0)?;
+            let used = crate::t_overcommit::counter(0, "used")?;
+            ensure!(used == used0 + pages as u64, "{} frames in use for {pages} pages", used as i64 - used0 as i64);
+            let first = (r.addr.next_multiple_of(BLOCK) - r.addr) / 4096;
+            let nth = if first > 0 && first < 64 { 2 } else { 1 };
+            let shown = || -> std::result::Result<bool, String> {
+                Ok(crate::t_overcommit::control_text()?.lines().next().unwrap_or("").contains("fail_teardown="))
+            };
+            control(&format!("fail_teardown={nth}"))?;
+            ensure!(shown()?, "fail_teardown={nth} is not shown while armed");
+            drop(r);
+            let consumed = !shown()?;
+            control("fail_teardown=0")?;
+            ensure!(consumed, "the teardown never reached its block {nth}: the hook was not consumed");
+            let used = crate::t_overcommit::counter(0, "used")?;
+            ensure!(used == used0, "{} frames still in use after the region went", used as i64 - used0 as i64);
+            Ok(())
+        },
+    )
 }
 
 /// Bad fault-injection arguments are refused.

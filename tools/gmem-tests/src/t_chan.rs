@@ -134,10 +134,7 @@ fn later_part_failure_keeps_earlier_parts() -> TestResult {
 /// Runs `f` with gmem's `poll=` switch at `us` (0: waiters never poll), and at its
 /// default (100) again after, whatever `f` returns.
 fn with_poll(us: u32, f: impl FnOnce() -> TestResult) -> TestResult {
-    crate::t_overcommit::control(&format!("poll={us}"))?;
-    let r = f();
-    crate::t_overcommit::control("poll=100")?;
-    r
+    crate::t_overcommit::with_control(&format!("poll={us}"), "poll=100", f)
 }
 
 /// The two failures above under a link model (200 MB/s on every path), with gmem's

@@ -17,6 +17,15 @@ pub fn control(cmd: &str) -> std::result::Result<(), String> {
     std::fs::write("/sys/kernel/debug/gmem/control", cmd).map_err(|e| format!("control '{cmd}': {e}"))
 }
 
+/// Runs `f` with the switches `set` written to the control file, then writes `restore`
+/// (whatever `f` returned); `f`'s result, or the failure to restore.
+pub fn with_control(set: &str, restore: &str, f: impl FnOnce() -> TestResult) -> TestResult {
+    control(set)?;
+    let res = f();
+    control(restore)?;
+    res
+}
+
 /// Reads `/sys/kernel/debug/gmem/control`: the switches' line, then one line per device.
 pub fn control_text() -> std::result::Result<String, String> {
     std::fs::read_to_string("/sys/kernel/debug/gmem/control").map_err(|e| format!("control: {e}"))
